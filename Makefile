@@ -1,0 +1,29 @@
+# The two commands a user needs: `make bench` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export GLOG_v ?= 3
+
+.PHONY: bench test test-quick clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e '.[test]'
+	touch $(STAMP)
+
+bench: $(STAMP)
+	$(BIN)/mindstep demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Only the quick tests, for the edit-run loop.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,6 @@
+"""mindstep: your MindSpore training logic as one compiled, correct, measured training step."""
+from .step import TrainStep
+
+__version__ = "0.1.0"
+
+__all__ = ["TrainStep", "__version__"]

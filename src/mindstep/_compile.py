@@ -1,0 +1,138 @@
+"""How the step graph is run: eagerly, as a GRAPH_MODE Cell, or as an `ms.jit` function.
+
+Three runners share one interface (`runner(*tensors) -> outputs`, `runner.compile_count`):
+
+- ``"eager"``: the step Cell's `construct` runs op by op in PyNative (`TrainStep(jit=False)`).
+- ``"cell"`` (the default for `jit=True`): the step Cell is called with the context switched to
+  GRAPH_MODE for the duration of the call, then switched back. Measured on this project's CPU
+  machines (see README "Why a GRAPH_MODE Cell"), this runs a small MLP step ~5x faster than
+  `ms.jit(fn)` and a conv step ~1.2-1.6x faster, and it sees weights written from the host
+  (`set_data`, `load_param_into_net`) while a plain `ms.jit` function keeps stale copies.
+- ``"function"``: `ms.jit(cell.construct)`, for users who want MindSpore's function-level jit.
+
+Compiles are counted from MindSpore's own caches (the Cell's `compile_cache` phases, or the
+global `ms_compile_cache` for `ms.jit`); both are private, so if a future MindSpore drops them the
+count falls back to the number of distinct input signatures seen.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import mindspore as ms
+import numpy as np
+
+from ._errors import bad_type
+
+logger = logging.getLogger("mindstep")
+
+COMPILERS = ("cell", "function")
+
+try:  # private, but the only exact record of what MindSpore compiled
+    from mindspore.graph.api import ms_compile_cache as _MS_COMPILE_CACHE
+except ImportError:  # pragma: no cover - depends on the MindSpore version
+    _MS_COMPILE_CACHE = None
+
+
+@contextlib.contextmanager
+def graph_mode():
+    """Run the body with `mode=GRAPH_MODE`, restoring the caller's mode after, also on error."""
+    previous = ms.get_context("mode")
+    if previous == ms.GRAPH_MODE:
+        yield
+        return
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=previous)
+
+
+def to_tensor(index: int, value):
+    """Convert one batch element to a Tensor so no Python value is baked into the graph.
+
+    Python floats become float32 and ints int32 scalars (as tensors they are graph *inputs*: a new
+    value does not recompile, unlike a Python scalar argument). numpy arrays keep their dtype.
+    """
+    if isinstance(value, ms.Tensor):
+        return value
+    if isinstance(value, bool):
+        return ms.Tensor(value, ms.bool_)
+    if isinstance(value, int):
+        return ms.Tensor(value, ms.int32)
+    if isinstance(value, float):
+        return ms.Tensor(value, ms.float32)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return ms.Tensor(np.asarray(value))
+    raise bad_type(
+        f"batch[{index}]", value, "a mindspore.Tensor, a numpy array or a Python bool/int/float",
+        "Pass tensors (e.g. from a `mindspore.dataset` iterator); put other settings into the "
+        "forward function's closure, where they are fixed at compile time.")
+
+
+def signature(tensors) -> tuple:
+    return tuple((tuple(t.shape), str(t.dtype)) for t in tensors)
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    if len(old) != len(new):
+        return f"the number of batch elements changed from {len(old)} to {len(new)}"
+    parts = []
+    for i, ((os_, od), (ns, nd)) in enumerate(zip(old, new)):
+        if os_ != ns:
+            parts.append(f"batch[{i}] shape {ns} (was {os_})")
+        if od != nd:
+            parts.append(f"batch[{i}] dtype {nd} (was {od})")
+    return ", ".join(parts) or "no visible change in shapes or dtypes"
+
+
+class Runner:
+    """Runs the step Cell and counts compiles; warns once per new input signature."""
+
+    def __init__(self, cell: ms.nn.Cell, *, jit: bool, compiler: str, name: str):
+        self.cell = cell
+        self.jit = jit
+        self.compiler = compiler if jit else "eager"
+        self.name = name
+        self.compile_count = 0
+        self._signatures: list[tuple] = []
+        self._fn = ms.jit(cell.construct) if self.compiler == "function" else None
+
+    def _cache_size(self) -> int | None:
+        if self.compiler == "cell":
+            return len(self.cell.compile_cache)
+        if self.compiler == "function" and _MS_COMPILE_CACHE is not None:
+            return len(_MS_COMPILE_CACHE)
+        return None
+
+    def __call__(self, *tensors):
+        sig = signature(tensors)
+        new_sig = sig not in self._signatures
+        before = self._cache_size()
+        if self.compiler == "eager":
+            out = self.cell.construct(*tensors)
+        elif self.compiler == "function":
+            out = self._fn(*tensors)
+        else:
+            with graph_mode():
+                out = self.cell(*tensors)
+        after = self._cache_size()
+        compiled = (after - before) if before is not None else int(new_sig and self.jit)
+        if new_sig:
+            self._signatures.append(sig)
+        self._report(sig, new_sig, compiled)
+        self.compile_count += compiled
+        return out
+
+    def _report(self, sig: tuple, new_sig: bool, compiled: int) -> None:
+        if not compiled or self.compile_count == 0:
+            return
+        if new_sig:
+            reason = describe_change(self._signatures[-2], sig)
+            logger.warning("%s: recompiling the training step (compile #%d) for a new input signature: %s. "
+                           "Each distinct shape compiles once; pad or bucket batches to keep shapes fixed.",
+                           self.name, self.compile_count + compiled, reason)
+        else:
+            logger.warning("%s: the training step recompiled (compile #%d) with an input signature it had "
+                           "already compiled; a Python value captured by the step has probably changed.",
+                           self.name, self.compile_count + compiled)
