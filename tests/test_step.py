@@ -82,7 +82,7 @@ def test_metrics_dict_has_loss_and_step_and_aux():
     step = TrainStep(forward, opt)
     for i, (x, y) in enumerate(batches(3, (8, 32)), start=1):
         m = step(x, y)
-        assert set(m) == {"loss", "step", "acc", "double_loss"}
+        assert set(m) == {"loss", "step", "applied", "acc", "double_loss"}
         assert int(m["step"]) == i
         assert float(m["double_loss"]) == pytest.approx(2 * float(m["loss"]), rel=1e-6)
         assert 0.0 <= float(m["acc"]) <= 1.0

@@ -30,24 +30,40 @@ import mindspore as ms
 from mindspore import nn, ops
 
 
-def _loss_and_aux(forward):
-    """Wrap `forward` so it always returns `(loss, aux_dict)` and check the loss is a scalar."""
+def _objective(forward, scale, normalize: str):
+    """Wrap `forward` as `objective(*batch) -> (scaled objective, (loss, weight, aux))`.
 
-    def loss_and_aux(*batch):
-        out = forward(*batch)
-        if isinstance(out, tuple):
-            if len(out) != 2:
-                raise ValueError("forward must return `loss` or `(loss, aux)` where aux is a dict of tensors; "
-                                 "it returned a tuple whose length is not 2.")
-            loss, aux = out[0], out[1]
+    `normalize="mean"`: forward returns `loss` or `(loss, aux)`; the objective is the loss and
+    the weight 1. `normalize="count"`: forward returns `(sum, count)` or `((sum, count), aux)`;
+    the objective is the sum, the weight the count, and the reported loss `sum / count`.
+    """
+
+    def split(out):
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+            return out[0], out[1]
+        return out, {}
+
+    def objective(*batch):
+        value, aux = split(forward(*batch))
+        if normalize == "count":
+            if not isinstance(value, tuple) or len(value) != 2:
+                raise ValueError("with normalize='count', forward must return `(loss_sum, count)` or "
+                                 "`((loss_sum, count), aux)`.")
+            total, weight = value[0], value[1].astype(ms.float32)
+            loss = total / weight
         else:
-            loss, aux = out, {}
-        if loss.ndim != 0:
+            if isinstance(value, tuple):
+                raise ValueError("forward must return `loss` or `(loss, aux)` where aux is a dict of tensors; "
+                                 "it returned a tuple of another shape. For `(loss_sum, count)` pass "
+                                 "normalize='count'.")
+            total, weight, loss = value, ops.ones((), ms.float32), value
+        if total.ndim != 0:
             raise ValueError("forward must return a scalar loss (a 0-d tensor); reduce it with `.mean()` "
                              "or `.sum()` inside forward.")
-        return loss, aux
+        total = total.astype(ms.float32)
+        return scale.scale(total), (loss.astype(ms.float32), weight, aux)
 
-    return loss_and_aux
+    return objective
 
 
 class Counter(nn.Cell):
@@ -57,24 +73,54 @@ class Counter(nn.Cell):
         super().__init__()
         self.value = ms.Parameter(ms.Tensor(0, ms.int32), name=name, requires_grad=False)
 
-    def construct(self):
+    def increment(self):
         ops.assign_add(self.value, ms.Tensor(1, ms.int32))
-        return self.value + 0
+        return True
 
 
 class StepGraph(nn.Cell):
-    """forward -> grads -> optimizer -> counter, as one graph (see the module docstring)."""
+    """The canonical pipeline (see the module docstring), composed from stage Cells."""
 
-    metric_names = ("loss", "step")
-
-    def __init__(self, forward, optimizer, *, prefix: str):
+    def __init__(self, forward, optimizer, *, prefix: str, normalize: str, scale, accumulate, clip, ema):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
-        self.grad_fn = ms.value_and_grad(_loss_and_aux(forward), None, optimizer.parameters, has_aux=True)
+        self.scale = scale
+        self.accumulate = accumulate
+        self.clip = clip
+        self.ema = ema
+        self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize), None, optimizer.parameters,
+                                         has_aux=True)
         self.counter = Counter(f"{prefix}.step")
+        self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names
+        self.static_boundary = accumulate.k == 1
 
     def construct(self, *batch):
-        (loss, aux), grads = self.grad_fn(*batch)
-        loss = ops.depend(loss, self.optimizer(grads))
-        step = self.counter()
-        return (loss, step), aux
+        (_, (loss, weight, aux)), grads = self.grad_fn(*batch)
+        grads, total_weight, boundary = self.accumulate.add(grads, weight)
+        if self.static_boundary:
+            finite, norm = self._update(grads, total_weight)
+            applied = ops.logical_and(ms.Tensor(True), finite)
+        else:
+            finite = ms.Tensor(True)
+            norm = ms.Tensor(float("nan"), ms.float32)
+            applied = ms.Tensor(False)
+            if boundary:
+                finite, norm = self._update(grads, total_weight)
+                applied = ops.logical_and(ms.Tensor(True), finite)
+        metrics = (loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
+        return metrics, aux
+
+    def _update(self, grads, total_weight):
+        """Stages 7-13, once per accumulation window."""
+        factor = self.scale.unscale_factor() / total_weight
+        grads = tuple(g * factor for g in grads)
+        finite = self.scale.all_finite(grads)
+        norm = self.clip.norm(grads)
+        if finite:
+            grads = self.clip(grads, norm)
+            self.optimizer(grads)
+            self.ema.update()
+            self.counter.increment()
+        self.scale.adjust(finite)
+        self.accumulate.reset()
+        return ops.logical_and(ms.Tensor(True), finite), norm

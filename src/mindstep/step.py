@@ -7,8 +7,14 @@ from typing import Any, Callable
 import mindspore as ms
 from mindspore import nn
 
+import contextlib
+
 from . import _compile
-from ._errors import bad_type, bad_value, check_bool, check_choice
+from . import accumulate as _accumulate
+from . import clip as _clip
+from . import ema as _ema
+from . import loss_scale as _loss_scale
+from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
 from ._graph import StepGraph
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -39,6 +45,17 @@ class TrainStep:
             (`mindspore.jit`).
         name: prefix of every Parameter the step creates (``"<name>.step"``, ...). Must not
             clash with your own Parameter names or an optimizer's (`accum.*`, `moment1.*`).
+        loss_scale: None, ``"dynamic"`` (start 2**16, halve on overflow, double after 2000 finite
+            updates, never below 1), a float >= 1 (static), or a `mindspore.amp` loss scaler
+            (`mindstep.loss_scale.dynamic(init, factor, period)` builds a validated one). With a
+            loss scale, a non-finite update is skipped entirely (see `mindstep._graph`).
+        accumulate: k >= 1; each call is one micro-batch and the optimizer runs on every k-th call
+            with the mean of the k gradients (or the token mean with `normalize="count"`).
+        normalize: ``"mean"`` (forward returns a mean loss) or ``"count"`` (forward returns
+            `(loss_sum, count)`; the update divides the window's gradient sum by its total count).
+        clip_grad_norm: clip the global L2 norm of the unscaled, accumulated gradient to this limit.
+        clip_grad_value: clamp every gradient element to [-v, v] (applied before the norm clip).
+        ema: decay in (0, 1) of an exponential moving average of the weights; see `ema_weights()`.
 
     Returns:
         A callable: `step(*batch) -> dict` of metrics; `float(m["loss"])` works.
@@ -59,7 +76,9 @@ class TrainStep:
     """
 
     def __init__(self, forward: Callable, optimizer: Any, *, jit: bool = True, compiler: str = "cell",
-                 name: str = "mindstep"):
+                 name: str = "mindstep", loss_scale: Any = None, accumulate: int = 1, normalize: str = "mean",
+                 clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
+                 ema: float | None = None):
         if not callable(forward):
             raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
                            "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
@@ -78,10 +97,28 @@ class TrainStep:
         if name in taken:
             raise bad_value("name", name, f"a prefix that none of the optimizer's parameters use ({sorted(taken)})",
                             "Pass another `name=`, e.g. name='mindstep'.")
+        k = check_int("accumulate", accumulate, minimum=1, fix="Pass the number of micro-batches per update, e.g. accumulate=4.")
+        check_choice("normalize", normalize, _accumulate.NORMALIZE,
+                     "Use 'mean' when forward returns a mean loss, 'count' when it returns (loss_sum, count).")
+        if clip_grad_norm is not None:
+            clip_grad_norm = check_float("clip_grad_norm", clip_grad_norm, low=0.0, low_open=True)
+        if clip_grad_value is not None:
+            clip_grad_value = check_float("clip_grad_value", clip_grad_value, low=0.0, low_open=True)
+        if ema is not None:
+            ema = check_float("ema", ema, low=0.0, high=1.0, low_open=True, high_open=True,
+                              fix="Pass a decay such as ema=0.999 (closer to 1 = slower average).")
+        scaler = _loss_scale.resolve(loss_scale)
+        params = list(optimizer.parameters)
         self.forward = forward
         self.optimizer = optimizer
         self.name = name
-        self.graph = StepGraph(forward, optimizer, prefix=name)
+        self.loss_scaler = scaler
+        self.graph = StepGraph(
+            forward, optimizer, prefix=name, normalize=normalize,
+            scale=_loss_scale.stage(scaler, name),
+            accumulate=_accumulate.stage(params, k, name),
+            clip=_clip.Clip(clip_grad_norm, clip_grad_value),
+            ema=_ema.stage(params, ema, name))
         self._runner = _compile.Runner(self.graph, jit=jit, compiler=compiler, name=name)
 
     @classmethod
@@ -123,6 +160,21 @@ class TrainStep:
         """The Parameters this step created (counters, accumulators, ...), for checkpoints."""
         prefix = self.name + "."
         return [p for p in self.graph.get_parameters() if p.name.startswith(prefix)]
+
+    @contextlib.contextmanager
+    def ema_weights(self):
+        """Swap the EMA shadow weights into the network for evaluation; restore the live weights
+        after the block, also when it raises.
+
+        Example:
+            >>> with step.ema_weights():  # doctest: +SKIP
+            ...     evaluate(net)
+        """
+        if not isinstance(self.graph.ema, _ema.EMA):
+            raise ValueError("ema_weights() needs a step built with `ema=<decay>`, but this one has ema=None. "
+                             "Pass e.g. TrainStep(..., ema=0.999).")
+        with self.graph.ema.swapped():
+            yield
 
     def __call__(self, *batch) -> dict:
         """Run one training step on `batch` and return the metrics dict."""

@@ -1,0 +1,58 @@
+"""Gradient accumulation: micro-steps only add; the update uses the window's sum / its weight.
+
+Each call adds the gradients of the (scaled) objective and a weight: 1 per micro-batch for
+`normalize="mean"`, or the micro-batch's token count for `normalize="count"`. At the boundary
+(every k-th call) the optimizer sees `sum of gradients / sum of weights`, so k equal-size
+micro-batches give exactly the big-batch mean, and unequal token counts give the big-batch
+token mean. The accumulators are cleared at every boundary, also when the update is skipped.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import nn, ops
+
+NORMALIZE = ("mean", "count")
+
+
+class NoAccumulate(nn.Cell):
+    """k = 1: every call is a boundary; gradients pass through."""
+
+    k = 1
+
+    def add(self, grads, weight):
+        return grads, weight, True
+
+    def reset(self):
+        return True
+
+
+class Accumulate(nn.Cell):
+    """k > 1 micro-steps per update; owns `<prefix>.acc.<param>`, `<prefix>.acc_weight`, `<prefix>.micro`."""
+
+    def __init__(self, params, k: int, prefix: str):
+        super().__init__()
+        self.k = k
+        self.acc = ms.ParameterTuple(
+            ms.Parameter(ops.zeros(p.shape, p.dtype), name=f"{prefix}.acc.{p.name}", requires_grad=False)
+            for p in params)
+        self.weight = ms.Parameter(ms.Tensor(0.0, ms.float32), name=f"{prefix}.acc_weight", requires_grad=False)
+        self.micro = ms.Parameter(ms.Tensor(0, ms.int32), name=f"{prefix}.micro", requires_grad=False)
+
+    def add(self, grads, weight):
+        for acc, grad in zip(self.acc, grads):
+            ops.assign_add(acc, grad)
+        ops.assign_add(self.weight, weight)
+        ops.assign_add(self.micro, ms.Tensor(1, ms.int32))
+        total = tuple(acc + 0 for acc in self.acc)
+        return total, self.weight + 0, self.micro >= self.k
+
+    def reset(self):
+        for acc in self.acc:
+            ops.assign(acc, ops.zeros_like(acc))
+        ops.assign(self.weight, ms.Tensor(0.0, ms.float32))
+        ops.assign(self.micro, ms.Tensor(0, ms.int32))
+        return True
+
+
+def stage(params, k: int, prefix: str) -> nn.Cell:
+    return NoAccumulate() if k == 1 else Accumulate(params, k, prefix)
