@@ -25,6 +25,7 @@ def reference_run(model, optimizer, data):
     """The plain MindSpore step a user would write by hand, run eagerly."""
     factory, _ = MODELS[model]
     net = seeded(factory)
+    net.set_train(True)
     opt = OPTIMIZERS[optimizer](net.trainable_params())
     loss_fn = nn.CrossEntropyLoss()
 
@@ -161,3 +162,10 @@ def test_jit_false_never_compiles_and_leaves_context_in_pynative():
     step(*batches(1, (8, 32))[0])
     assert step.compile_count == 0 and step.compiler == "eager"
     assert ms.get_context("mode") == ms.PYNATIVE_MODE
+
+
+def test_cells_in_forward_closure_are_put_in_training_mode():
+    net = seeded(ConvNet)
+    assert not net.training
+    TrainStep.from_net(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.1))
+    assert net.training and all(c.training for _, c in net.cells_and_names())

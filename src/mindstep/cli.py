@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -22,6 +23,47 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .bench import profile, report, runner
+
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    cfg = runner.BenchConfig(model=args.model, modes=modes, batch_size=args.batch_size, image_size=args.image_size,
+                             seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
+                             features=args.all_features,
+                             profile_dir=os.path.join(args.out or "bench-out", "profile") if args.profile else None)
+    try:
+        cfg.validate()
+    except (TypeError, ValueError) as err:
+        print(f"mindstep bench: {err}", file=sys.stderr)
+        return 2
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("bench", total=len(cfg.modes) + 1)
+
+        def progress(what, done, total):
+            bar.update(task, completed=done, description=f"{cfg.model}: {what}")
+
+        result = runner.run(cfg, on_progress=progress)
+    report.print_table(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    if args.out:
+        for path in report.write_outputs(result, args.out):
+            print(f"wrote {path}")
+    if cfg.profile_dir:
+        for mode in cfg.modes:
+            ops = profile.top_ops(os.path.join(cfg.profile_dir, mode))
+            print(f"top ops, {mode} (profiled steps; times include profiler overhead):")
+            for o in ops:
+                print(f"  {o['op']:<28} {o['total_ms']:>10.1f} ms {o['percent']:>6.1f}%  {o['calls']} calls")
+    return 1 if any(r.get("status") == "failed" for r in result["results"]) else 0
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -37,6 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-run-check", action="store_true", help="skip mindspore.run_check()")
     p.set_defaults(func=_cmd_env)
+
+    p = sub.add_parser("bench", help="PyNative vs jit vs jit-opt vs plain MindSpore, side by side")
+    p.add_argument("--model", default="resnet18", help="mlp, resnet18, resnet50, rrdbnet, bert (default resnet18)")
+    p.add_argument("--modes", default="pynative,jit,jit-opt,seed,model",
+                   help="comma-separated: pynative, jit, jit-opt, seed, model, onestep")
+    p.add_argument("--batch-size", type=_positive, default=None, help="default: the model's own")
+    p.add_argument("--image-size", type=_positive, default=32)
+    p.add_argument("--seq-len", type=_positive, default=64)
+    p.add_argument("--steps", type=_positive, default=5, help="timed steps per mode (median reported)")
+    p.add_argument("--warmup", type=_positive, default=1, help="untimed steps first (the first one compiles)")
+    p.add_argument("--all-features", action="store_true",
+                   help="mindstep modes with dynamic loss scale, accumulate=2, clip_grad_norm=1, ema=0.999")
+    p.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    p.add_argument("--out", metavar="DIR", help="write report.md and bench.png here")
+    p.add_argument("--profile", action="store_true", help="profile the timed steps, print the top-10 ops")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("demo", help="a short training run, PyNative vs the compiled step")
     p.add_argument("--steps", type=_positive, default=20)

@@ -30,13 +30,29 @@ def _check_optimizer(optimizer: Any) -> None:
             "Build it from your network, e.g. `nn.Adam(net.trainable_params(), 1e-3)`.")
 
 
+def _closure_cells(fn) -> list:
+    """The nn.Cells a function closes over (the network, usually the loss too)."""
+    cells = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty closure cell
+            continue
+        if isinstance(value, nn.Cell):
+            cells.append(value)
+    return cells
+
+
 class TrainStep:
     """Compile `forward` + gradients + `optimizer` into one graph-mode training step.
 
     Args:
         forward: the user's function `forward(*batch)`; returns a scalar loss tensor, or
             `(loss, aux)` where `aux` is a dict of tensors that come back as metrics. It closes
-            over the network; it must be a `def` (MindSpore cannot compile lambdas).
+            over the network; it must be a `def` (MindSpore cannot compile lambdas). Every
+            `nn.Cell` it closes over is put in training mode (`set_train(True)`), as
+            `nn.TrainOneStepCell` does, so BatchNorm uses batch statistics; call
+            `net.set_train(False)` yourself before evaluating.
         optimizer: a MindSpore optimizer; gradients are taken over `optimizer.parameters`.
         jit: compile the step (default) or run it eagerly in PyNative for debugging; both run
             the same stage pipeline, so results agree to float tolerance.
@@ -108,6 +124,9 @@ class TrainStep:
             ema = check_float("ema", ema, low=0.0, high=1.0, low_open=True, high_open=True,
                               fix="Pass a decay such as ema=0.999 (closer to 1 = slower average).")
         scaler = _loss_scale.resolve(loss_scale)
+        self.cells = _closure_cells(forward)
+        for cell in self.cells:  # BatchNorm/Dropout must run in training mode inside a training step
+            cell.set_train(True)
         params = list(optimizer.parameters)
         self.forward = forward
         self.optimizer = optimizer

@@ -1,0 +1,74 @@
+"""The bench's modes: each builds a `run(batch) -> loss tensor` training step from the same model.
+
+- `pynative`: mindstep's TrainStep with jit=False.
+- `jit`: mindstep's TrainStep compiled (GRAPH_MODE Cell), plain fp32 layers.
+- `jit-opt`: compiled with the best settings for this device (see `OPT_SETTINGS`).
+- `seed`: the tutorial's hand-written step, `value_and_grad` + optimizer under `ms.jit`.
+- `model`: `mindspore.train.Model(...).train(...)` in GRAPH_MODE (sink mode where supported).
+- `onestep`: `nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)` in GRAPH_MODE.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import amp, nn
+
+from ..step import TrainStep
+
+MODES = ("pynative", "jit", "jit-opt", "seed", "model", "onestep")
+
+# What jit-opt turns on, per device, and why. On CPU, fp16 kernels are 2-3x slower than fp32 and
+# bf16 kernels are missing (shared notes), so the best precision there is fp32.
+OPT_SETTINGS = {
+    "CPU": {"precision": "fp32", "note": "fp32 (fp16 is slower on CPU, bf16 has no CPU kernels)"},
+    "GPU": {"precision": "O2", "note": "O2 mixed precision (fp16) with dynamic loss scaling"},
+    "Ascend": {"precision": "O2", "note": "O2 mixed precision (fp16) with dynamic loss scaling"},
+}
+
+FEATURES = {"loss_scale": "dynamic", "accumulate": 2, "clip_grad_norm": 1.0, "ema": 0.999}
+
+
+def make_optimizer(net):
+    return nn.Momentum(net.trainable_params(), 0.01, 0.9)
+
+
+def build(mode: str, net, loss_fn, *, features: bool = False):
+    """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss."""
+    device = ms.get_context("device_target")
+    extra = dict(FEATURES) if features else {}
+    if mode in ("pynative", "jit"):
+        opt = make_optimizer(net)
+        step = TrainStep.from_net(net, loss_fn, opt, jit=(mode == "jit"), **extra)
+        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, **extra}
+    if mode == "jit-opt":
+        settings = OPT_SETTINGS.get(device, OPT_SETTINGS["CPU"])
+        if settings["precision"] != "fp32":
+            net = amp.auto_mixed_precision(net, settings["precision"])
+            extra.setdefault("loss_scale", "dynamic")
+        opt = make_optimizer(net)
+        step = TrainStep.from_net(net, loss_fn, opt, **extra)
+        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "opt": settings["note"], **extra}
+    if mode == "seed":
+        return _seed(net, loss_fn), {"compiler": "ms.jit(function)"}
+    if mode == "onestep":
+        cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), make_optimizer(net))
+        cell.set_train()
+        ms.set_context(mode=ms.GRAPH_MODE)
+        return cell, {"compiler": "GRAPH_MODE TrainOneStepCell"}
+    raise ValueError(f"unknown mode {mode!r}")  # `model` is driven by `run_model` (it owns its loop)
+
+
+def _seed(net, loss_fn):
+    opt = make_optimizer(net)
+
+    def forward(x, y):
+        return loss_fn(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward, None, opt.parameters)
+
+    @ms.jit
+    def train_step(x, y):
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        return loss
+
+    return train_step

@@ -1,0 +1,93 @@
+"""Render a bench report: a rich table on the terminal, markdown, and a PNG bar chart."""
+from __future__ import annotations
+
+import math
+import os
+
+from rich.console import Console
+from rich.table import Table
+
+from .runner import ratios
+
+COLUMNS = ("mode", "samples/s", "vs pynative", "ms/step p50", "p90", "compile s", "peak MB", "MFU", "loss first",
+           "loss last")
+
+
+def _fmt(v, spec):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def rows(report: dict) -> list[list[str]]:
+    rel = ratios(report)
+    out = []
+    for r in report["results"]:
+        if r.get("status") == "failed":
+            out.append([r["mode"], "FAILED", "-", "-", "-", "-", "-", "-", "-", r["error"][:60]])
+            continue
+        out.append([r["mode"], _fmt(r["throughput"], ".1f"), _fmt(rel.get(r["mode"]), ".2f") + "x" if r["mode"] in rel else "-",
+                    _fmt(r["step_ms_p50"], ".1f"), _fmt(r["step_ms_p90"], ".1f"), _fmt(r["compile_s"], ".2f"),
+                    _fmt(r["peak_mem_mb"], ".0f"), _fmt(100 * r["mfu"], ".2f") + "%", _fmt(r["loss_first"], ".4f"),
+                    _fmt(r["loss_last"], ".4f")])
+    return out
+
+
+def title(report: dict) -> str:
+    c = report["config"]
+    size = f"seq {c['seq_len']}" if c["model"] == "bert" else f"{c['image_size']}px"
+    sources = sorted({r["mem_source"] for r in report["results"] if r.get("mem_source")})
+    return (f"{c['model']}, batch {c['batch_size']}, {size}, {c['steps']} timed steps after {c['warmup']} warm-up, "
+            f"{report['device']}, MindSpore {report['mindspore']}, peak {report['peak_gflops']:.1f} GFLOP/s "
+            f"(2048^2 fp32 matmul); memory = {', '.join(sources) or 'n/a'}")
+
+
+def print_table(report: dict, console: Console | None = None) -> None:
+    console = console or Console(width=max(Console().width, 150))
+    table = Table(title=title(report), title_justify="left")
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for row in rows(report):
+        table.add_row(*row)
+    console.print(table)
+    for r in report["results"]:
+        if r.get("status") == "failed":
+            console.print(f"[red]{r['mode']} failed:[/red] {r['error']}")
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# mindstep bench", "", title(report), "", "| " + " | ".join(COLUMNS) + " |",
+             "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
+    lines += ["", "Settings per mode:", ""]
+    for r in report["results"]:
+        lines.append(f"- `{r['mode']}`: {r.get('settings', r.get('error'))}")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(report: dict, out_dir: str) -> list[str]:
+    """report.md and bench.png (throughput and peak memory per mode) under out_dir."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    md = os.path.join(out_dir, "report.md")
+    with open(md, "w") as f:
+        f.write(markdown(report))
+    ok = [r for r in report["results"] if r.get("status") == "ok"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [r["mode"] for r in ok]
+    a.bar(names, [r["throughput"] for r in ok], color="tab:blue")
+    a.set_ylabel("samples / s")
+    a.set_title("throughput")
+    b.bar(names, [r["peak_mem_mb"] for r in ok], color="tab:orange")
+    b.set_ylabel("MB")
+    b.set_title("peak memory (" + (ok[0]["mem_source"] if ok else "n/a") + ")")
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(title(report), fontsize=7)
+    fig.tight_layout()
+    png = os.path.join(out_dir, "bench.png")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return [md, png]

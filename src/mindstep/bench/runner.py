@@ -1,0 +1,116 @@
+"""Run every bench mode in its own fresh subprocess and collect results (failures included)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+
+import mindspore as ms
+
+from .._errors import bad_value, check_choice, check_int
+from .modes import MODES
+from .worker import PREFIX
+from .zoo import MODELS
+
+DEFAULT_MODES = ("pynative", "jit", "jit-opt", "seed", "model")
+
+
+@dataclass
+class BenchConfig:
+    model: str = "resnet18"
+    modes: tuple = DEFAULT_MODES
+    batch_size: int | None = None  # None: the model's default
+    image_size: int = 32
+    seq_len: int = 64
+    steps: int = 5
+    warmup: int = 1
+    seed: int = 0
+    distinct_batches: int = 2
+    features: bool = False
+    profile_dir: str | None = None
+    timeout_s: int = 900
+    extra_env: dict = field(default_factory=dict)
+
+    def validate(self) -> "BenchConfig":
+        check_choice("model", self.model, MODELS)
+        if not self.modes:
+            raise bad_value("modes", self.modes, f"a non-empty list of {', '.join(MODES)}", "e.g. --modes pynative,jit")
+        for m in self.modes:
+            check_choice("modes", m, MODES)
+        if len(set(self.modes)) != len(self.modes):
+            raise bad_value("modes", self.modes, "modes without repeats", "List each mode once.")
+        if self.batch_size is None:
+            self.batch_size = MODELS[self.model].default_batch
+        check_int("batch_size", self.batch_size, minimum=1)
+        check_int("image_size", self.image_size, minimum=8, fix="ResNets need at least 8 px, e.g. --image-size 32.")
+        check_int("seq_len", self.seq_len, minimum=1)
+        check_int("steps", self.steps, minimum=1)
+        check_int("warmup", self.warmup, minimum=1, fix="The first call compiles; keep --warmup >= 1 so it is not timed.")
+        return self
+
+
+def spec_for(cfg: BenchConfig, mode: str) -> dict:
+    return {"mode": mode, "model": cfg.model, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
+            "seq_len": cfg.seq_len, "seed": cfg.seed, "steps": cfg.steps, "warmup": cfg.warmup,
+            "distinct_batches": cfg.distinct_batches, "features": cfg.features,
+            "profile_dir": os.path.join(cfg.profile_dir, mode) if cfg.profile_dir else None}
+
+
+def run_worker(spec: dict, timeout_s: int, extra_env: dict | None = None) -> dict:
+    """One mode in a fresh interpreter; returns its result dict or `{"error": ...}`."""
+    env = dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3"), **(extra_env or {}))
+    cmd = [sys.executable, "-m", "mindstep.bench.worker", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith(PREFIX):
+            return json.loads(line[len(PREFIX):])
+    tail = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+    message = next((ln for ln in reversed(tail) if "Error" in ln or "error" in ln), tail[-1] if tail else "")
+    return {"error": f"exit code {proc.returncode}: {message.strip()}", "stderr_tail": "\n".join(tail[-15:])}
+
+
+def run(cfg: BenchConfig, on_progress=None) -> dict:
+    """Measure the device peak, then every mode; the result follows the documented JSON schema."""
+    cfg.validate()
+    total = len(cfg.modes) + 1
+    if on_progress:
+        on_progress("peak matmul", 0, total)
+    peak = run_worker({"mode": "peak"}, cfg.timeout_s, cfg.extra_env)
+    peak_gflops = peak.get("peak_gflops", float("nan"))
+    results = []
+    for i, mode in enumerate(cfg.modes, start=1):
+        if on_progress:
+            on_progress(mode, i, total)
+        out = run_worker(spec_for(cfg, mode), cfg.timeout_s, cfg.extra_env)
+        results.append(_row(cfg, mode, out, peak_gflops))
+    if on_progress:
+        on_progress("done", total, total)
+    return {"device": ms.get_context("device_target"), "mindspore": ms.__version__, "peak_gflops": peak_gflops,
+            "config": {k: v for k, v in asdict(cfg).items() if k not in ("extra_env",)},
+            "results": results}
+
+
+def _row(cfg: BenchConfig, mode: str, out: dict, peak_gflops: float) -> dict:
+    if "error" in out:
+        nan = float("nan")
+        return {"mode": mode, "model": cfg.model, "batch_size": cfg.batch_size, "throughput": nan,
+                "step_ms_p50": nan, "step_ms_p90": nan, "compile_s": nan, "peak_mem_mb": nan, "mem_source": "",
+                "mfu": nan, "loss_first": nan, "loss_last": nan, "status": "failed", "error": out["error"]}
+    achieved = out["flops_per_step"] / (out["step_ms_p50"] / 1000.0) / 1e9
+    out["mfu"] = achieved / peak_gflops if peak_gflops == peak_gflops and peak_gflops > 0 else float("nan")
+    out["status"] = "ok"
+    return out
+
+
+def ratios(report: dict, base: str = "pynative") -> dict:
+    """Throughput of each mode divided by the base mode's, both from this same run."""
+    rows = {r["mode"]: r for r in report["results"]}
+    ref = rows.get(base)
+    if ref is None or ref.get("status") != "ok":
+        return {}
+    return {m: r["throughput"] / ref["throughput"] for m, r in rows.items() if r.get("status") == "ok"}

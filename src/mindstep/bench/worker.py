@@ -1,0 +1,150 @@
+"""One bench mode in a fresh process: `python -m mindstep.bench.worker '<json spec>'`.
+
+Prints one JSON line prefixed with `MINDSTEP_RESULT ` on success; any exception exits non-zero
+with the traceback on stderr, which the parent reports as the mode's error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+os.environ.setdefault("GLOG_v", "3")
+
+import mindspore as ms  # noqa: E402
+import numpy as np  # noqa: E402
+
+PREFIX = "MINDSTEP_RESULT "
+
+
+def _peak_mem_mb() -> tuple[float, str]:
+    try:
+        device = float(ms.runtime.max_memory_allocated()) / 2**20
+    except Exception:
+        device = 0.0
+    if device > 0:  # MindSpore reports 0 on CPU (shared notes), real figures on GPU/Ascend
+        return device, "device max_memory_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "process peak RSS"
+
+
+def _matmul(x, y):
+    return ms.ops.matmul(x, y)
+
+
+def measure_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """This device's practical compute ceiling: a large fp32 matmul under ms.jit, median of runs."""
+    rng = np.random.default_rng(0)
+    a = ms.Tensor(rng.standard_normal((n, n)).astype(np.float32))
+    b = ms.Tensor(rng.standard_normal((n, n)).astype(np.float32))
+    mm = ms.jit(_matmul)
+    mm(a, b).asnumpy()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mm(a, b).asnumpy()
+        times.append(time.perf_counter() - t0)
+    return 2.0 * n ** 3 / statistics.median(times) / 1e9
+
+
+def run(spec: dict) -> dict:
+    from . import modes, zoo
+
+    if spec["mode"] == "peak":
+        return {"peak_gflops": measure_peak_gflops()}
+    model = zoo.MODELS[spec["model"]]
+    ms.set_seed(spec["seed"])
+    net = model.build(spec["image_size"], spec["seq_len"])
+    loss_fn = model.loss()
+    rng = np.random.default_rng(spec["seed"])
+    batches = [tuple(ms.Tensor(a) for a in model.batch(rng, spec["batch_size"], spec["image_size"], spec["seq_len"]))
+               for _ in range(spec["distinct_batches"])]
+    flops = 3.0 * zoo.forward_flops(net, batches[0][:1])  # forward + backward (2x forward)
+    ms.set_seed(spec["seed"])
+    net = model.build(spec["image_size"], spec["seq_len"])  # fresh weights: the FLOP pass ran BatchNorm eagerly
+    total = spec["warmup"] + spec["steps"]
+    feed = [batches[i % len(batches)] for i in range(total)]
+    if spec["mode"] == "model":
+        times, losses, compile_s, settings = _run_model(net, loss_fn, feed)
+    else:
+        run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False))
+        times, losses = [], []
+        profiler = None
+        for i, batch in enumerate(feed):
+            if i == spec["warmup"] and spec.get("profile_dir"):
+                profiler = _start_profiler(spec["profile_dir"])
+            t0 = time.perf_counter()
+            loss = float(run_step(*batch).asnumpy())  # asnumpy synchronises before the clock is read
+            times.append(time.perf_counter() - t0)
+            losses.append(loss)
+        if profiler is not None:
+            profiler.stop()
+            profiler.analyse()
+        compile_s = times[0]
+    measured = times[spec["warmup"]:]
+    p50 = statistics.median(measured)
+    mem, source = _peak_mem_mb()
+    return {
+        "mode": spec["mode"], "model": spec["model"], "batch_size": spec["batch_size"],
+        "throughput": spec["batch_size"] / p50, "step_ms_p50": 1000 * p50,
+        "step_ms_p90": 1000 * float(np.percentile(measured, 90)), "compile_s": compile_s,
+        "peak_mem_mb": mem, "mem_source": source, "flops_per_step": flops,
+        "loss_first": losses[0], "loss_last": losses[-1], "settings": settings,
+    }
+
+
+def _start_profiler(out_dir: str):
+    from mindspore.profiler import Profiler
+
+    return Profiler(output_path=out_dir)
+
+
+def _run_model(net, loss_fn, feed):
+    """`mindspore.train.Model` in GRAPH_MODE; step times from a callback at each step boundary."""
+    import mindspore.dataset as ds
+    from mindspore.train import Callback, Model
+
+    from .modes import make_optimizer
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    columns = [f"c{i}" for i in range(len(feed[0]))]
+
+    def gen():
+        for batch in feed:
+            yield tuple(t.asnumpy() for t in batch)
+
+    data = ds.GeneratorDataset(gen, column_names=columns, shuffle=False)
+
+    class Timer(Callback):
+        def __init__(self):
+            super().__init__()
+            self.times, self.losses, self.t0 = [], [], None
+
+        def on_train_step_begin(self, run_context):
+            self.t0 = time.perf_counter()
+
+        def on_train_step_end(self, run_context):
+            out = run_context.original_args().net_outputs
+            loss = out[0] if isinstance(out, (tuple, list)) else out
+            self.losses.append(float(loss.asnumpy()))
+            self.times.append(time.perf_counter() - self.t0)
+
+    timer = Timer()
+    sink = ms.get_context("device_target") != "CPU"  # sink mode silently falls back on CPU anyway
+    Model(net, loss_fn, make_optimizer(net)).train(1, data, callbacks=[timer], dataset_sink_mode=sink)
+    settings = {"compiler": "GRAPH_MODE Model.train", "dataset_sink_mode": sink}
+    return timer.times, timer.losses, timer.times[0], settings
+
+
+def main() -> int:
+    spec = json.loads(sys.argv[1])
+    result = run(spec)
+    sys.stdout.write(PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

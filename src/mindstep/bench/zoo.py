@@ -1,0 +1,267 @@
+"""The bench's built-in models: device-agnostic Cells, their synthetic data and their FLOPs.
+
+Each entry builds `(net, loss_fn, make_batch)` from `ms.set_seed(seed)`, so every mode starts
+from the same weights and sees the same data.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from ..models import MLP
+
+
+# ---- ResNet (ImageNet layout: 7x7 stem, max-pool, 4 stages) ----------------------------------
+class BasicBlock(nn.Cell):
+    expansion = 1
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 3, stride, pad_mode="pad", padding=1, has_bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, cout, 3, 1, pad_mode="pad", padding=1, has_bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.SequentialCell(nn.Conv2d(cin, cout, 1, stride, has_bias=False), nn.BatchNorm2d(cout))
+
+    def construct(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.down is None else self.down(x)
+        return self.relu(out + identity)
+
+
+class Bottleneck(nn.Cell):
+    expansion = 4
+
+    def __init__(self, cin, width, stride):
+        super().__init__()
+        cout = width * self.expansion
+        self.conv1 = nn.Conv2d(cin, width, 1, has_bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, pad_mode="pad", padding=1, has_bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, cout, 1, has_bias=False)
+        self.bn3 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.SequentialCell(nn.Conv2d(cin, cout, 1, stride, has_bias=False), nn.BatchNorm2d(cout))
+
+    def construct(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = x if self.down is None else self.down(x)
+        return self.relu(out + identity)
+
+
+class ResNet(nn.Cell):
+    def __init__(self, block, layers, num_classes=1000):
+        super().__init__()
+        self.stem = nn.SequentialCell(
+            nn.Conv2d(3, 64, 7, 2, pad_mode="pad", padding=3, has_bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.MaxPool2d(3, 2, pad_mode="same"))
+        stages, cin = [], 64
+        for i, n in enumerate(layers):
+            width = 64 * 2 ** i
+            for j in range(n):
+                stages.append(block(cin, width, 2 if (j == 0 and i > 0) else 1))
+                cin = width * block.expansion
+        self.stages = nn.SequentialCell(stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(cin, num_classes)
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.pool(self.stages(self.stem(x)))))
+
+
+# ---- RRDBNet (ESRGAN generator), small by default ---------------------------------------------
+class DenseBlock5(nn.Cell):
+    def __init__(self, nf, gc):
+        super().__init__()
+        self.convs = nn.CellList([nn.Conv2d(nf + i * gc, gc if i < 4 else nf, 3, pad_mode="same", has_bias=True)
+                                  for i in range(5)])
+        self.act = nn.LeakyReLU(0.2)
+
+    def construct(self, x):
+        feats = x
+        out = x
+        for i, conv in enumerate(self.convs):
+            out = conv(feats)
+            if i < 4:
+                out = self.act(out)
+                feats = ops.concat((feats, out), 1)
+        return x + out * 0.2
+
+
+class RRDB(nn.Cell):
+    def __init__(self, nf, gc):
+        super().__init__()
+        self.blocks = nn.SequentialCell([DenseBlock5(nf, gc) for _ in range(3)])
+
+    def construct(self, x):
+        return x + self.blocks(x) * 0.2
+
+
+class RRDBNet(nn.Cell):
+    """ESRGAN's generator: conv, RRDB trunk, conv, x2 nearest upsampling + conv, output conv."""
+
+    def __init__(self, nf=32, nb=2, gc=16):
+        super().__init__()
+        self.first = nn.Conv2d(3, nf, 3, pad_mode="same", has_bias=True)
+        self.trunk = nn.SequentialCell([RRDB(nf, gc) for _ in range(nb)])
+        self.trunk_conv = nn.Conv2d(nf, nf, 3, pad_mode="same", has_bias=True)
+        self.up = nn.Conv2d(nf, nf, 3, pad_mode="same", has_bias=True)
+        self.hr = nn.Conv2d(nf, nf, 3, pad_mode="same", has_bias=True)
+        self.last = nn.Conv2d(nf, 3, 3, pad_mode="same", has_bias=True)
+        self.act = nn.LeakyReLU(0.2)
+
+    def construct(self, x):
+        fea = self.first(x)
+        fea = fea + self.trunk_conv(self.trunk(fea))
+        n, c, h, w = fea.shape
+        fea = ops.interpolate(fea, size=(h * 2, w * 2), mode="nearest")
+        fea = self.act(self.up(fea))
+        return self.last(self.act(self.hr(fea)))
+
+
+# ---- BERT-style encoder with an MLM head, small by default ------------------------------------
+class Attention(nn.Cell):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads, self.dk = heads, hidden // heads
+        self.qkv = nn.Dense(hidden, 3 * hidden)
+        self.out = nn.Dense(hidden, hidden)
+        self.scale = 1.0 / math.sqrt(self.dk)
+
+    def construct(self, x):
+        b, s, h = x.shape
+        qkv = self.qkv(x).reshape(b, s, 3, self.heads, self.dk).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = ops.softmax(ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale, -1)
+        ctx = ops.matmul(att, v).transpose(0, 2, 1, 3).reshape(b, s, h)
+        return self.out(ctx)
+
+    def extra_flops(self, x_shape):
+        b, s, h = x_shape
+        return 2 * 2 * b * s * s * h  # QK^T and att@V
+
+
+class EncoderLayer(nn.Cell):
+    def __init__(self, hidden, heads, ffn):
+        super().__init__()
+        self.att = Attention(hidden, heads)
+        self.ln1 = nn.LayerNorm((hidden,))
+        self.ff = nn.SequentialCell(nn.Dense(hidden, ffn), nn.GELU(), nn.Dense(ffn, hidden))
+        self.ln2 = nn.LayerNorm((hidden,))
+
+    def construct(self, x):
+        x = self.ln1(x + self.att(x))
+        return self.ln2(x + self.ff(x))
+
+
+class BertMLM(nn.Cell):
+    def __init__(self, vocab=1000, hidden=128, layers=2, heads=2, ffn=512, max_len=512):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(max_len, hidden)
+        self.layers = nn.SequentialCell([EncoderLayer(hidden, heads, ffn) for _ in range(layers)])
+        self.head = nn.Dense(hidden, vocab)
+        self.vocab = vocab
+
+    def construct(self, ids):
+        pos = ops.arange(ids.shape[1]).astype(ms.int32).reshape(1, -1)
+        x = self.tok(ids) + self.pos(pos)
+        return self.head(self.layers(x))
+
+
+class MLMLoss(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.ce = nn.CrossEntropyLoss()
+
+    def construct(self, logits, labels):
+        return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+# ---- the registry ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    build: Callable  # (image_size, seq_len) -> nn.Cell
+    loss: Callable   # () -> loss Cell
+    batch: Callable  # (rng, batch_size, image_size, seq_len) -> tuple of numpy arrays
+    default_batch: int
+    kind: str
+
+
+def _images(classes):
+    def make(rng, b, s, _l):
+        return (rng.standard_normal((b, 3, s, s)).astype(np.float32), rng.integers(0, classes, b).astype(np.int32))
+    return make
+
+
+def _sr(rng, b, s, _l):
+    return (rng.random((b, 3, s, s), dtype=np.float32), rng.random((b, 3, 2 * s, 2 * s), dtype=np.float32))
+
+
+def _tokens(rng, b, _s, l):
+    return (rng.integers(0, 1000, (b, l)).astype(np.int32), rng.integers(0, 1000, (b, l)).astype(np.int32))
+
+
+def _mlp_batch(rng, b, _s, _l):
+    return (rng.standard_normal((b, 256)).astype(np.float32), rng.integers(0, 10, b).astype(np.int32))
+
+
+MODELS = {
+    "mlp": Spec("mlp", lambda s, l: MLP(256, 512, 10), nn.CrossEntropyLoss, _mlp_batch, 64, "mlp"),
+    "resnet18": Spec("resnet18", lambda s, l: ResNet(BasicBlock, [2, 2, 2, 2]), nn.CrossEntropyLoss, _images(1000), 16, "image"),
+    "resnet50": Spec("resnet50", lambda s, l: ResNet(Bottleneck, [3, 4, 6, 3]), nn.CrossEntropyLoss, _images(1000), 32, "image"),
+    "rrdbnet": Spec("rrdbnet", lambda s, l: RRDBNet(), nn.L1Loss, _sr, 4, "sr"),
+    "bert": Spec("bert", lambda s, l: BertMLM(max_len=max(l, 8)), MLMLoss, _tokens, 16, "tokens"),
+}
+
+
+def forward_flops(net: nn.Cell, inputs) -> float:
+    """Multiply-add FLOPs (x2) of one forward pass, from the shapes seen by Conv2d/Dense/Attention.
+
+    Runs one eager forward with hooks; BatchNorm, activations and pooling are not counted (the
+    usual MFU convention: matmul-class work only).
+    """
+    total = [0.0]
+    handles = []
+
+    def conv_hook(cell, args, out):
+        k = cell.kernel_size
+        cin = cell.in_channels // cell.group
+        total[0] += 2.0 * float(np.prod(out.shape)) * cin * k[0] * k[1]
+
+    def dense_hook(cell, args, out):
+        total[0] += 2.0 * float(np.prod(out.shape[:-1])) * cell.in_channels * cell.out_channels
+
+    def att_hook(cell, args, out):
+        total[0] += float(cell.extra_flops(args[0].shape))
+
+    for _, cell in net.cells_and_names():
+        hook = conv_hook if isinstance(cell, nn.Conv2d) else dense_hook if isinstance(cell, nn.Dense) else \
+            att_hook if isinstance(cell, Attention) else None
+        if hook is not None:
+            handles.append(cell.register_forward_hook(hook))
+    try:
+        net.set_train(False)
+        net(*inputs)
+    finally:
+        net.set_train(True)
+        for h in handles:
+            h.remove()
+    return total[0]
