@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(BIN)/mindstep demo
+	$(BIN)/mindstep bench
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -93,6 +93,7 @@ class StepGraph(nn.Cell):
         self.counter = Counter(f"{prefix}.step")
         self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names
         self.static_boundary = accumulate.k == 1
+        self.identity_unscale = self.static_boundary and not scale.metric_names and normalize == "mean"
 
     def construct(self, *batch):
         (_, (loss, weight, aux)), grads = self.grad_fn(*batch)
@@ -112,8 +113,9 @@ class StepGraph(nn.Cell):
 
     def _update(self, grads, total_weight):
         """Stages 7-13, once per accumulation window."""
-        factor = self.scale.unscale_factor() / total_weight
-        grads = tuple(g * factor for g in grads)
+        if not self.identity_unscale:  # k = 1 without loss scaling: nothing to divide
+            factor = self.scale.unscale_factor() / total_weight
+            grads = tuple(g * factor for g in grads)
         finite = self.scale.all_finite(grads)
         norm = self.clip.norm(grads)
         if finite:

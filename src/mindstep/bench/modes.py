@@ -58,6 +58,7 @@ def build(mode: str, net, loss_fn, *, features: bool = False):
 
 
 def _seed(net, loss_fn):
+    net.set_train(True)  # as nn.TrainOneStepCell and Model do; the tutorial's code forgets it
     opt = make_optimizer(net)
 
     def forward(x, y):

@@ -1,0 +1,133 @@
+"""mindstep bench: JSON schema, failure reporting, ratios from one run, outputs. No timing thresholds."""
+import json
+import math
+import os
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from mindstep.bench import profile, report, runner
+from mindstep.bench.zoo import MODELS, forward_flops
+from mindstep.cli import main
+
+ROW_KEYS = {"mode", "model", "batch_size", "throughput", "step_ms_p50", "step_ms_p90", "compile_s", "peak_mem_mb",
+            "mem_source", "mfu", "loss_first", "loss_last"}
+
+
+@pytest.fixture(scope="module")
+def small_report():
+    cfg = runner.BenchConfig(model="mlp", modes=("pynative", "jit", "seed"), batch_size=8, steps=2, warmup=1)
+    return runner.run(cfg)
+
+
+def test_report_follows_the_json_schema(small_report):
+    rep = json.loads(json.dumps(small_report))  # JSON round-trip
+    assert isinstance(rep["device"], str) and rep["mindspore"] == ms.__version__
+    assert rep["peak_gflops"] > 0
+    assert [r["mode"] for r in rep["results"]] == ["pynative", "jit", "seed"]
+    for r in rep["results"]:
+        assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
+        assert r["status"] == "ok" and r["model"] == "mlp" and r["batch_size"] == 8
+        assert r["throughput"] > 0 and r["step_ms_p90"] >= r["step_ms_p50"] > 0 and r["compile_s"] > 0
+        assert r["peak_mem_mb"] > 0 and r["mem_source"] in ("process peak RSS", "device max_memory_allocated")
+        assert 0 < r["mfu"] < 1
+        assert r["throughput"] == pytest.approx(8 / (r["step_ms_p50"] / 1000))
+
+
+def test_same_init_and_data_give_the_same_first_loss_in_every_mode(small_report):
+    first = [r["loss_first"] for r in small_report["results"]]
+    assert max(first) - min(first) < 1e-4 * abs(first[0])
+    last = [r["loss_last"] for r in small_report["results"]]
+    assert max(last) - min(last) < 1e-3 * abs(last[0])
+
+
+def test_ratios_come_from_the_same_run(small_report):
+    rel = runner.ratios(small_report)
+    rows = {r["mode"]: r for r in small_report["results"]}
+    assert rel["pynative"] == 1.0
+    assert rel["jit"] == rows["jit"]["throughput"] / rows["pynative"]["throughput"]
+
+
+def test_a_failing_mode_is_reported_with_its_error_not_dropped(monkeypatch, capsys):
+    real = runner.run_worker
+
+    def flaky(spec, timeout_s, extra_env=None):
+        if spec.get("mode") == "jit":
+            return real({**spec, "model": "no-such-model"}, timeout_s, extra_env)
+        return real(spec, timeout_s, extra_env)
+
+    monkeypatch.setattr(runner, "run_worker", flaky)
+    code = main(["bench", "--model", "mlp", "--modes", "pynative,jit", "--steps", "1", "--batch-size", "4"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAILED" in out and "jit failed" in out and "no-such-model" in out
+
+
+def test_worker_error_carries_the_exception():
+    out = runner.run_worker({"mode": "jit", "model": "no-such-model"}, timeout_s=120)
+    assert "error" in out and "KeyError" in out["error"] and "no-such-model" in out["error"]
+
+
+def test_worker_timeout_is_an_error():
+    assert runner.run_worker({"mode": "peak"}, timeout_s=0.01)["error"].startswith("timed out")
+
+
+def test_failed_rows_render_and_are_left_out_of_ratios():
+    rep = {"device": "CPU", "mindspore": "2.10.0", "peak_gflops": 100.0,
+           "config": {"model": "mlp", "batch_size": 4, "image_size": 32, "seq_len": 64, "steps": 2, "warmup": 1},
+           "results": [runner._row(runner.BenchConfig(model="mlp", batch_size=4), "pynative", {"error": "boom"}, 100.0)]}
+    assert runner.ratios(rep) == {}
+    assert report.rows(rep)[0][:2] == ["pynative", "FAILED"]
+    assert set(rep["results"][0]) >= ROW_KEYS and math.isnan(rep["results"][0]["throughput"])
+
+
+def test_outputs_markdown_and_png(small_report, tmp_path):
+    md, png = report.write_outputs(small_report, str(tmp_path))
+    from pathlib import Path
+
+    text = Path(md).read_text()
+    assert "| pynative |" in text and "| jit |" in text and "process peak RSS" in text
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, words", [
+    pytest.param(["--modes", "jit,warp"], ["`modes`", "'warp'", "'pynative'"], id="bad-mode"),
+    pytest.param(["--modes", "jit,jit"], ["`modes`", "without repeats"], id="repeat-mode"),
+    pytest.param(["--model", "vgg"], ["`model`", "'vgg'", "'resnet50'"], id="bad-model"),
+    pytest.param(["--image-size", "4"], ["`image_size`", "4"], id="tiny-image"),
+])
+def test_bad_bench_flags_exit_2_with_the_reason(argv, words, capsys):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+
+
+def test_profile_top_ops_ranks_by_total_time(tmp_path):
+    d = tmp_path / "jit" / "vm_1_ascend_ms" / "FRAMEWORK"
+    d.mkdir(parents=True)
+    (d / "cpu_op_type_info_0.csv").write_text(
+        "op_type,type_occurrences,execution_frequency(per-step),total_compute_time,avg_time(ms),percent\n"
+        "MatMul,6,2,30.0,5.0,0.6\nConv2D,3,1,15.0,5.0,0.3\nReLU,3,1,5.0,1.6,0.1\n")
+    ops = profile.top_ops(str(tmp_path / "jit"), n=2)
+    assert [o["op"] for o in ops] == ["MatMul", "Conv2D"]
+    assert ops[0]["percent"] == pytest.approx(60.0) and ops[0]["calls"] == 6
+
+
+def test_flops_of_dense_and_conv_match_the_formula():
+    net = nn.SequentialCell(nn.Conv2d(3, 8, 3, pad_mode="same"), nn.Flatten(), nn.Dense(8 * 6 * 6, 5))
+    flops = forward_flops(net, (ms.Tensor(np.ones((2, 3, 6, 6), np.float32)),))
+    assert flops == 2 * (2 * 8 * 6 * 6) * 3 * 9 + 2 * 2 * (8 * 6 * 6) * 5
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_bench_model_builds_and_its_batch_fits(name):
+    spec = MODELS[name]
+    ms.set_seed(0)
+    net = spec.build(16, 16)
+    batch = spec.batch(np.random.default_rng(0), 2, 16, 16)
+    out = net(ms.Tensor(batch[0]))
+    loss = spec.loss()(out, ms.Tensor(batch[1]))
+    assert loss.ndim == 0 and np.isfinite(float(loss.asnumpy()))
