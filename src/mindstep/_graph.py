@@ -22,7 +22,7 @@ The stages are small Cells composed here; a stage that is switched off is an ide
 compiles to nothing, so the order is written once, not re-branched per feature. Each stage's
 changing state lives in `Parameter`s named ``<prefix>.<stage>.*``, created before compiling.
 Metrics leave the graph as a flat tuple whose names `StepGraph.metric_names` lists, plus the
-user's aux dict; the host zips them into the metrics dict.
+user's aux values and keys as two tuples; the host zips them into the metrics dict.
 """
 from __future__ import annotations
 
@@ -109,7 +109,9 @@ class StepGraph(nn.Cell):
                 finite, norm = self._update(grads, total_weight)
                 applied = ops.logical_and(ms.Tensor(True), finite)
         metrics = (loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
-        return metrics, aux
+        # Returning the aux dict itself makes MindSpore 2.10 compile ~3x slower (ResNet-18: 8.7 s vs
+        # 3.0 s); its values and its (constant) keys as two tuples compile at the normal speed.
+        return metrics, tuple(aux.values()), tuple(aux.keys())
 
     def _update(self, grads, total_weight):
         """Stages 7-13, once per accumulation window."""

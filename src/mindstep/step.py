@@ -201,9 +201,9 @@ class TrainStep:
             raise ValueError("step(*batch) needs at least one batch element, but got none. "
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
-        values, aux = self._runner(*tensors)
+        values, aux_values, aux_keys = self._runner(*tensors)
         metrics = dict(zip(self.graph.metric_names, values))
-        for key, value in aux.items():
+        for key, value in zip(aux_keys, aux_values):
             if key in metrics:
                 raise ValueError(f"forward returned an aux metric named {key!r}, which is reserved for the step's "
                                  f"own metrics {sorted(metrics)}. Rename it, e.g. 'aux_{key}'.")

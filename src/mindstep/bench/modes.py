@@ -2,6 +2,7 @@
 
 - `pynative`: mindstep's TrainStep with jit=False.
 - `jit`: mindstep's TrainStep compiled (GRAPH_MODE Cell), plain fp32 layers.
+- `jit-all`: `jit` with every gradient-pipeline feature on (`FEATURES`), to price them in one run.
 - `jit-opt`: compiled with the best settings for this device (see `OPT_SETTINGS`).
 - `seed`: the tutorial's hand-written step, `value_and_grad` + optimizer under `ms.jit`.
 - `model`: `mindspore.train.Model(...).train(...)` in GRAPH_MODE (sink mode where supported).
@@ -14,7 +15,7 @@ from mindspore import amp, nn
 
 from ..step import TrainStep
 
-MODES = ("pynative", "jit", "jit-opt", "seed", "model", "onestep")
+MODES = ("pynative", "jit", "jit-all", "jit-opt", "seed", "model", "onestep")
 
 # What jit-opt turns on, per device, and why. On CPU, fp16 kernels are 2-3x slower than fp32 and
 # bf16 kernels are missing (shared notes), so the best precision there is fp32.
@@ -35,6 +36,8 @@ def build(mode: str, net, loss_fn, *, features: bool = False):
     """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss."""
     device = ms.get_context("device_target")
     extra = dict(FEATURES) if features else {}
+    if mode == "jit-all":
+        mode, extra = "jit", dict(FEATURES)
     if mode in ("pynative", "jit"):
         opt = make_optimizer(net)
         step = TrainStep.from_net(net, loss_fn, opt, jit=(mode == "jit"), **extra)
