@@ -90,3 +90,23 @@ def test_reserved_aux_name_is_rejected(net, opt):
     step = TrainStep(forward, opt)
     with pytest.raises(ValueError, match="reserved"):
         step(ms.Tensor(np.ones((2, 32), np.float32)))
+
+
+def test_a_failed_eager_step_does_not_break_later_optimizer_updates(net, opt):
+    """MindSpore 2.10 leaves PyNative's grad flag set after an exception under value_and_grad;
+    a later plain AdamWeightDecay step then updates nothing unless the step cleans up."""
+    def forward(x):
+        return net(x)
+
+    with pytest.raises(ValueError, match="scalar loss"):
+        TrainStep(forward, opt, jit=False)(ms.Tensor(np.ones((2, 32), np.float32)))
+    other = nn.Dense(3, 1)
+    adamw = nn.AdamWeightDecay(other.trainable_params(), 1e-3)
+    before = other.weight.asnumpy().copy()
+
+    def loss(x):
+        return other(x).sum()
+
+    _, grads = ms.value_and_grad(loss, None, adamw.parameters)(ms.Tensor(np.ones((2, 3), np.float32)))
+    adamw(grads)
+    assert np.abs(other.weight.asnumpy() - before).max() > 1e-4

@@ -1,7 +1,9 @@
 """mindstep: your MindSpore training logic as one compiled, correct, measured training step."""
-from . import loss_scale
+from . import loss_scale, losses, schedules
+from .groups import param_groups
+from .precision import Precision
 from .step import TrainStep
 
 __version__ = "0.1.0"
 
-__all__ = ["TrainStep", "loss_scale", "__version__"]
+__all__ = ["Precision", "TrainStep", "loss_scale", "losses", "param_groups", "schedules", "__version__"]

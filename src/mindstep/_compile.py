@@ -33,6 +33,26 @@ try:  # private, but the only exact record of what MindSpore compiled
 except ImportError:  # pragma: no cover - depends on the MindSpore version
     _MS_COMPILE_CACHE = None
 
+try:  # private; see `_eager`
+    from mindspore.graph.api import _pynative_executor as _PYNATIVE
+except ImportError:  # pragma: no cover - depends on the MindSpore version
+    _PYNATIVE = None
+
+
+def _eager(cell, tensors):
+    """Run `cell.construct` in PyNative; after an exception, reset PyNative's grad state.
+
+    Measured with MindSpore 2.10: when a function under `value_and_grad` raises in PyNative, the
+    executor's grad flag stays set, and later optimizer calls in the same process silently do
+    nothing (an `nn.AdamWeightDecay` step left every weight unchanged). `clear_res()` restores it.
+    """
+    try:
+        return cell.construct(*tensors)
+    except BaseException:
+        if _PYNATIVE is not None and _PYNATIVE.grad_flag():
+            _PYNATIVE.clear_res()
+        raise
+
 
 @contextlib.contextmanager
 def graph_mode():
@@ -110,7 +130,7 @@ class Runner:
         new_sig = sig not in self._signatures
         before = self._cache_size()
         if self.compiler == "eager":
-            out = self.cell.construct(*tensors)
+            out = _eager(self.cell, tensors)
         elif self.compiler == "function":
             out = self._fn(*tensors)
         else:

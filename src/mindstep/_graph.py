@@ -3,8 +3,10 @@
 Canonical stage order (STYLE.md principle 1). Every call runs, in this order:
 
 1. **inputs**: batch elements arrive as tensors (host side converts Python scalars to tensors).
-2. **precision**: floating inputs are cast to the compute dtype; integer labels and masks never.
-3. **forward**: the user's `forward(*batch)` gives the loss (or `(loss, aux)`).
+2. **precision**: the networks run their Cells in the compute dtype (set on the host with
+   `Cell.to_float` before compiling); only floating inputs are cast, never labels or masks.
+3. **forward**: the user's `forward(*batch)` gives the loss (or `(loss, aux)`); with
+   `losses=` (mindstep.losses) a dict of named losses is combined into one.
 4. **scale**: the loss is multiplied by the current loss scale.
 5. **grads**: `value_and_grad` of the scaled loss over `optimizer.parameters`.
 6. **accumulate**: on a micro-step the gradients are only added to accumulators.
@@ -14,7 +16,8 @@ Canonical stage order (STYLE.md principle 1). Every call runs, in this order:
 9. **finite check**: if any gradient is inf/NaN the whole update is skipped: optimizer, EMA,
    update counter and LR schedule position stay as they were; the loss scale shrinks.
 10. **clip**: by global norm and/or by value, on the unscaled, accumulated gradient.
-11. **optimizer**: the user's MindSpore optimizer applies the update.
+11. **optimizer**: the LR schedule sets each group's LR from the update counter, then the
+    user's MindSpore optimizer applies the update.
 12. **EMA**: shadow weights follow the new weights.
 13. **counters**: the applied-update counter advances (it drives the LR schedules).
 
@@ -30,12 +33,14 @@ import mindspore as ms
 from mindspore import nn, ops
 
 
-def _objective(forward, scale, normalize: str):
-    """Wrap `forward` as `objective(*batch) -> (scaled objective, (loss, weight, aux))`.
+def _objective(forward, scale, normalize: str, combine):
+    """Wrap `forward` as `objective(*batch) -> (scaled objective, (loss, weight, aux, parts))`.
 
     `normalize="mean"`: forward returns `loss` or `(loss, aux)`; the objective is the loss and
     the weight 1. `normalize="count"`: forward returns `(sum, count)` or `((sum, count), aux)`;
     the objective is the sum, the weight the count, and the reported loss `sum / count`.
+    With a multi-task `combine` (mindstep.losses), forward returns a dict of named losses (or
+    `(dict, aux)`); the objective is their combination and `parts` holds each component.
     """
 
     def split(out):
@@ -45,6 +50,12 @@ def _objective(forward, scale, normalize: str):
 
     def objective(*batch):
         value, aux = split(forward(*batch))
+        parts = {}
+        if combine is not None:
+            if not isinstance(value, dict):
+                raise ValueError("with losses=..., forward must return a dict of named losses, or "
+                                 "`(dict, aux)`.")
+            value, parts = combine(value)
         if normalize == "count":
             if not isinstance(value, tuple) or len(value) != 2:
                 raise ValueError("with normalize='count', forward must return `(loss_sum, count)` or "
@@ -52,16 +63,16 @@ def _objective(forward, scale, normalize: str):
             total, weight = value[0], value[1].astype(ms.float32)
             loss = total / weight
         else:
-            if isinstance(value, tuple):
+            if isinstance(value, (tuple, dict)):
                 raise ValueError("forward must return `loss` or `(loss, aux)` where aux is a dict of tensors; "
-                                 "it returned a tuple of another shape. For `(loss_sum, count)` pass "
-                                 "normalize='count'.")
+                                 "it returned another structure. For `(loss_sum, count)` pass normalize='count'; "
+                                 "for a dict of named losses pass losses=mindstep.losses.weighted({...}).")
             total, weight, loss = value, ops.ones((), ms.float32), value
         if total.ndim != 0:
             raise ValueError("forward must return a scalar loss (a 0-d tensor); reduce it with `.mean()` "
                              "or `.sum()` inside forward.")
         total = total.astype(ms.float32)
-        return scale.scale(total), (loss.astype(ms.float32), weight, aux)
+        return scale.scale(total), (loss.astype(ms.float32), weight, aux, parts)
 
     return objective
 
@@ -81,39 +92,44 @@ class Counter(nn.Cell):
 class StepGraph(nn.Cell):
     """The canonical pipeline (see the module docstring), composed from stage Cells."""
 
-    def __init__(self, forward, optimizer, *, prefix: str, normalize: str, scale, accumulate, clip, ema):
+    def __init__(self, forward, optimizer, *, prefix: str, normalize: str, scale, accumulate, clip, ema, lr,
+                 combine=None):
         super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.scale = scale
         self.accumulate = accumulate
         self.clip = clip
         self.ema = ema
-        self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize), None, optimizer.parameters,
+        self.lr = lr
+        self.combine = combine
+        self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize, combine), None, optimizer.parameters,
                                          has_aux=True)
         self.counter = Counter(f"{prefix}.step")
-        self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names
+        self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names + lr.metric_names
         self.static_boundary = accumulate.k == 1
         self.identity_unscale = self.static_boundary and not scale.metric_names and normalize == "mean"
 
     def construct(self, *batch):
-        (_, (loss, weight, aux)), grads = self.grad_fn(*batch)
+        (_, (loss, weight, aux, parts)), grads = self.grad_fn(*batch)
         grads, total_weight, boundary = self.accumulate.add(grads, weight)
+        lrs = self.lr.values(self.counter.value)
         if self.static_boundary:
-            finite, norm = self._update(grads, total_weight)
+            finite, norm = self._update(grads, total_weight, lrs)
             applied = ops.logical_and(ms.Tensor(True), finite)
         else:
             finite = ms.Tensor(True)
             norm = ms.Tensor(float("nan"), ms.float32)
             applied = ms.Tensor(False)
             if boundary:
-                finite, norm = self._update(grads, total_weight)
+                finite, norm = self._update(grads, total_weight, lrs)
                 applied = ops.logical_and(ms.Tensor(True), finite)
-        metrics = (loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
+        metrics = ((loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
+                   + self.lr.metrics(lrs))
         # Returning the aux dict itself makes MindSpore 2.10 compile ~3x slower (ResNet-18: 8.7 s vs
         # 3.0 s); its values and its (constant) keys as two tuples compile at the normal speed.
-        return metrics, tuple(aux.values()), tuple(aux.keys())
+        return metrics, tuple(parts.values()) + tuple(aux.values()), tuple(parts.keys()) + tuple(aux.keys())
 
-    def _update(self, grads, total_weight):
+    def _update(self, grads, total_weight, lrs):
         """Stages 7-13, once per accumulation window."""
         if not self.identity_unscale:  # k = 1 without loss scaling: nothing to divide
             factor = self.scale.unscale_factor() / total_weight
@@ -122,6 +138,7 @@ class StepGraph(nn.Cell):
         norm = self.clip.norm(grads)
         if finite:
             grads = self.clip(grads, norm)
+            self.lr.assign(lrs)
             self.optimizer(grads)
             self.ema.update()
             self.counter.increment()

@@ -13,11 +13,16 @@ from . import _compile
 from . import accumulate as _accumulate
 from . import clip as _clip
 from . import ema as _ema
+from . import groups as _groups
 from . import loss_scale as _loss_scale
+from . import losses as _losses
+from . import precision as _precision
+from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
 from ._graph import StepGraph
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNSET = object()  # loss_scale not given: the precision level picks the default
 
 
 def _check_optimizer(optimizer: Any) -> None:
@@ -72,6 +77,14 @@ class TrainStep:
         clip_grad_norm: clip the global L2 norm of the unscaled, accumulated gradient to this limit.
         clip_grad_value: clamp every gradient element to [-v, v] (applied before the norm clip).
         ema: decay in (0, 1) of an exponential moving average of the weights; see `ema_weights()`.
+        precision: ``"O0"`` (default), ``"O1"``, ``"O2"``, ``"O3"``, a policy string such as
+            ``"p=f32,c=f16,o=f32"`` or a `mindstep.Precision`; see `mindstep.precision` for exactly
+            what each level casts. O2/O3 turn on ``loss_scale="dynamic"`` unless `loss_scale` is given.
+        keep_fp32: Cell types and/or name patterns (``[nn.BatchNorm2d, "head.*"]``) kept in float32.
+        lr_schedule: a `mindstep.schedules` schedule, evaluated inside the graph from the update
+            counter; sets every optimizer group's LR (keeping the groups' ratios) before each update.
+        losses: `mindstep.losses.weighted({...})` or `mindstep.losses.uncertainty([...])`: forward
+            returns a dict of named losses and the step optimises their combination.
 
     Returns:
         A callable: `step(*batch) -> dict` of metrics; `float(m["loss"])` works.
@@ -92,9 +105,10 @@ class TrainStep:
     """
 
     def __init__(self, forward: Callable, optimizer: Any, *, jit: bool = True, compiler: str = "cell",
-                 name: str = "mindstep", loss_scale: Any = None, accumulate: int = 1, normalize: str = "mean",
+                 name: str = "mindstep", loss_scale: Any = _UNSET, accumulate: int = 1, normalize: str = "mean",
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
-                 ema: float | None = None):
+                 ema: float | None = None, precision: Any = "O0", keep_fp32=(), lr_schedule=None,
+                 losses=None):
         if not callable(forward):
             raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
                            "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
@@ -123,10 +137,32 @@ class TrainStep:
         if ema is not None:
             ema = check_float("ema", ema, low=0.0, high=1.0, low_open=True, high_open=True,
                               fix="Pass a decay such as ema=0.999 (closer to 1 = slower average).")
+        plan = _precision.plan(precision, keep_fp32)
+        _precision.check_device(plan, ms.get_context("device_target"))
+        if loss_scale is _UNSET:
+            loss_scale = "dynamic" if plan.dynamic_loss_scale else None
         scaler = _loss_scale.resolve(loss_scale)
+        if lr_schedule is not None and not isinstance(lr_schedule, _schedules.Schedule):
+            raise bad_type("lr_schedule", lr_schedule, "a mindstep.schedules schedule or None",
+                           "Example: lr_schedule=mindstep.schedules.warmup(100, mindstep.schedules.cosine_decay(1e-3, 10_000)).")
+        if losses is not None and not isinstance(losses, (_losses.Weighted, _losses.Uncertainty)):
+            raise bad_type("losses", losses, "mindstep.losses.weighted({...}), mindstep.losses.uncertainty([...]) or None",
+                           "Example: losses=mindstep.losses.weighted({'sr': 1.0, 'adv': 5e-3}).")
+        opt_ids = {id(p) for p in optimizer.parameters}
+        if isinstance(losses, _losses.Uncertainty) and id(losses.log_var) not in opt_ids:
+            raise bad_value("losses", losses.log_var.name, "learned weights that the optimizer trains",
+                            "Add them: nn.Adam(net.trainable_params() + weighting.trainable_params(), ...).")
         self.cells = _closure_cells(forward)
         for cell in self.cells:  # BatchNorm/Dropout must run in training mode inside a training step
             cell.set_train(True)
+        nets = [c for c in self.cells if any(id(p) in opt_ids for p in c.trainable_params())]
+        loss_cells = [c for c in self.cells if not c.trainable_params()]
+        self.precision = plan
+        self.cast_cells = _precision.apply(plan, nets, loss_cells)
+        lr_stage = _schedules.NoSchedule()
+        if lr_schedule is not None:
+            lr_params = _groups.lr_parameters(optimizer)
+            lr_stage = _schedules.ScheduleStage(lr_schedule, lr_params, _groups.lr_scales(optimizer, lr_params))
         params = list(optimizer.parameters)
         self.forward = forward
         self.optimizer = optimizer
@@ -137,7 +173,8 @@ class TrainStep:
             scale=_loss_scale.stage(scaler, name),
             accumulate=_accumulate.stage(params, k, name),
             clip=_clip.Clip(clip_grad_norm, clip_grad_value),
-            ema=_ema.stage(params, ema, name))
+            ema=_ema.stage(params, ema, name),
+            lr=lr_stage, combine=losses)
         self._runner = _compile.Runner(self.graph, jit=jit, compiler=compiler, name=name)
 
     @classmethod
