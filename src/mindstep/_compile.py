@@ -109,14 +109,19 @@ def describe_change(old: tuple, new: tuple) -> str:
 class Runner:
     """Runs the step Cell and counts compiles; warns once per new input signature."""
 
-    def __init__(self, cell: ms.nn.Cell, *, jit: bool, compiler: str, name: str):
+    def __init__(self, cell: ms.nn.Cell, *, jit: bool, compiler: str, name: str, watch=(), guards: bool = True):
         self.cell = cell
         self.jit = jit
         self.compiler = compiler if jit else "eager"
         self.name = name
         self.compile_count = 0
+        self.resyncs = 0
         self._signatures: list[tuple] = []
-        self._fn = ms.jit(cell.construct) if self.compiler == "function" else None
+        self._fn = self._jit_function() if self.compiler == "function" else None
+        # Only an `ms.jit` function keeps stale copies of host-written weights (the GRAPH_MODE cell
+        # and PyNative read the live ones), so only that compiler needs the write guard.
+        self._watch = list(watch) if (guards and self.compiler == "function") else []
+        self._ptrs = None
 
     def _cache_size(self) -> int | None:
         if self.compiler == "cell":
@@ -125,7 +130,35 @@ class Runner:
             return len(_MS_COMPILE_CACHE)
         return None
 
+    def _jit_function(self):
+        """A fresh `ms.jit` function around the step Cell.
+
+        It wraps a new closure rather than `cell.construct`: MindSpore caches a compiled bound method
+        under the Cell's identity, so re-wrapping `cell.construct` would reuse the stale graph, while a
+        new function compiles anew and picks up the current weights.
+        """
+        cell = self.cell
+
+        def step_graph(*tensors):
+            return cell(*tensors)
+
+        return ms.jit(step_graph)
+
+    def _host_writes(self) -> list:
+        """Parameters whose buffer was replaced from the host (set_data, load_param_into_net) since the last call."""
+        if self._ptrs is None:
+            return []
+        return [p.name for p, ptr in zip(self._watch, self._ptrs) if p.data_ptr() != ptr]
+
     def __call__(self, *tensors):
+        written = self._host_writes() if self._watch else []
+        if written:
+            shown = ", ".join(written[:5]) + (f" and {len(written) - 5} more" if len(written) > 5 else "")
+            logger.warning("%s: weights were written from the host after the step was compiled (%s); an ms.jit "
+                           "function would keep using its stale copy, so the step is re-synced (recompiled once).",
+                           self.name, shown)
+            self._fn = self._jit_function()
+            self.resyncs += 1
         sig = signature(tensors)
         new_sig = sig not in self._signatures
         before = self._cache_size()
@@ -140,8 +173,10 @@ class Runner:
         compiled = (after - before) if before is not None else int(new_sig and self.jit)
         if new_sig:
             self._signatures.append(sig)
-        self._report(sig, new_sig, compiled)
+        self._report(sig, new_sig, compiled and not written)
         self.compile_count += compiled
+        if self._watch:
+            self._ptrs = [p.data_ptr() for p in self._watch]
         return out
 
     def _report(self, sig: tuple, new_sig: bool, compiled: int) -> None:

@@ -64,6 +64,43 @@ def _cmd_bench(args) -> int:
     return 1 if any(r.get("status") == "failed" for r in result["results"]) else 0
 
 
+def _cmd_doctor(args) -> int:
+    from . import doctor
+
+    if args.explain is not None:
+        text = sys.stdin.read() if args.explain == "-" else open(args.explain, encoding="utf-8").read()
+        hits = doctor.explain(text)
+        if args.json:
+            print(json.dumps({"explanations": hits}, indent=2))
+        elif not hits:
+            print("mindstep doctor: no known MindSpore error in this text. Look for the first 'Error' line; "
+                  "run the step with TrainStep(jit=False) to get a Python traceback at the failing line.")
+        for h in hits if not args.json else []:
+            print(f"[{h['id']}] {h['title']}\n  matched: {h['matched']}\n  why: {h['explanation']}\n  fix: {h['fix']}")
+        return 0 if hits else 1
+    if not args.paths:
+        print("mindstep doctor: give files or folders to check, or --explain FILE (- for stdin)", file=sys.stderr)
+        return 2
+    missing = [p for p in args.paths if not os.path.exists(p)]
+    if missing:
+        print(f"mindstep doctor: no such file or folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        findings = doctor.analyze_paths(args.paths)
+    except SyntaxError as err:
+        print(f"mindstep doctor: cannot parse {err.filename}:{err.lineno}: {err.msg}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"findings": findings}, indent=2))
+    else:
+        for f in findings:
+            print(f"{f['path']}:{f['line']}:{f['col'] + 1}: {f['severity']} {f['rule']} "
+                  f"{doctor.RULES[f['rule']].name}: {f['message']}\n    fix: {f['fix']}")
+        errors = sum(f["severity"] == "error" for f in findings)
+        print(f"{len(findings)} finding(s), {errors} error(s)")
+    return 1 if any(f["severity"] == "error" for f in findings) else 0
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -95,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="write report.md and bench.png here")
     p.add_argument("--profile", action="store_true", help="profile the timed steps, print the top-10 ops")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("doctor", help="find graph-mode pitfalls in training code; --explain a MindSpore error")
+    p.add_argument("paths", nargs="*", help="Python files or folders to check (static analysis, nothing runs)")
+    p.add_argument("--explain", metavar="FILE", help="explain a MindSpore traceback read from FILE (- for stdin)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_doctor)
 
     p = sub.add_parser("demo", help="a short training run, PyNative vs the compiled step")
     p.add_argument("--steps", type=_positive, default=20)

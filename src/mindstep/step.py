@@ -85,6 +85,11 @@ class TrainStep:
             counter; sets every optimizer group's LR (keeping the groups' ratios) before each update.
         losses: `mindstep.losses.weighted({...})` or `mindstep.losses.uncertainty([...])`: forward
             returns a dict of named losses and the step optimises their combination.
+        guards: runtime guards (default on): a recompile after the first call logs its reason; with
+            ``compiler="function"``, weights written from the host after compiling are detected and
+            re-synced (one recompile) instead of being silently ignored by the stale compiled copy.
+        debug: on the first call, print each stage's shapes and dtypes (inputs, loss, aux, gradient
+            norms per parameter group, loss scale) from the host, once; the step's results are unchanged.
 
     Returns:
         A callable: `step(*batch) -> dict` of metrics; `float(m["loss"])` works.
@@ -108,7 +113,7 @@ class TrainStep:
                  name: str = "mindstep", loss_scale: Any = _UNSET, accumulate: int = 1, normalize: str = "mean",
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  ema: float | None = None, precision: Any = "O0", keep_fp32=(), lr_schedule=None,
-                 losses=None):
+                 losses=None, guards: bool = True, debug: bool = False):
         if not callable(forward):
             raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
                            "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
@@ -118,6 +123,8 @@ class TrainStep:
                             "`def forward(x, y): return loss_fn(net(x), y)`.")
         _check_optimizer(optimizer)
         check_bool("jit", jit)
+        check_bool("guards", guards)
+        check_bool("debug", debug)
         check_choice("compiler", compiler, _compile.COMPILERS,
                      "Use 'cell' (GRAPH_MODE Cell, the default) or 'function' (mindspore.jit).")
         if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -175,7 +182,13 @@ class TrainStep:
             clip=_clip.Clip(clip_grad_norm, clip_grad_value),
             ema=_ema.stage(params, ema, name),
             lr=lr_stage, combine=losses)
-        self._runner = _compile.Runner(self.graph, jit=jit, compiler=compiler, name=name)
+        watch = {id(p): p for p in self.graph.get_parameters()}
+        for cell in self.cells:
+            watch.update((id(p), p) for p in cell.get_parameters())
+        self._runner = _compile.Runner(self.graph, jit=jit, compiler=compiler, name=name, watch=watch.values(),
+                                       guards=guards)
+        self.debug = debug
+        self._watch_all = list(watch.values())
 
     @classmethod
     def from_net(cls, net: nn.Cell, loss_fn: Callable, optimizer: Any, **kwargs) -> "TrainStep":
@@ -238,6 +251,11 @@ class TrainStep:
             raise ValueError("step(*batch) needs at least one batch element, but got none. "
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
+        if self.debug and self._runner.compile_count == 0 and not getattr(self, "_debugged", False):
+            self._debugged = True
+            from ._debug import report
+
+            print(report(self, tensors), flush=True)
         values, aux_values, aux_keys = self._runner(*tensors)
         metrics = dict(zip(self.graph.metric_names, values))
         for key, value in zip(aux_keys, aux_values):

@@ -1,0 +1,476 @@
+"""mindstep doctor: each rule catches two bad snippets at the right line and leaves two similar
+correct snippets alone; JSON schema; exit codes; --explain."""
+import json
+import textwrap
+
+import pytest
+
+from mindstep.cli import main
+from mindstep.doctor import RULES, analyze_source, explain
+
+HEAD = "import mindspore as ms\nimport numpy as np\nfrom mindspore import nn, ops\n"
+
+# rule -> (bad snippets: the offending line ends with '# BAD'), (good snippets)
+CASES = {
+    "MS001": ([
+        """
+        LOG = []
+        @ms.jit
+        def step(x):
+            LOG.append(x)  # BAD
+            return x
+        """, """
+        STATS = {}
+        def fwd(x):
+            STATS["n"] = x  # BAD
+            return x
+        train = ms.jit(fwd)
+        """], [
+        """
+        LOG = []
+        @ms.jit
+        def step(x):
+            out = []
+            out.append(x)
+            return x
+        LOG.append(step(1))
+        """, """
+        def step(x):
+            LOG.append(x)
+            return x
+        LOG = []
+        """]),
+    "MS002": ([
+        """
+        SCALE = 1.0
+        @ms.jit
+        def step(x):
+            return x * SCALE  # BAD
+        SCALE = 2.0
+        """, """
+        lr = 0.1
+        def set_lr(v):
+            global lr
+            lr = v
+        @ms.jit
+        def step(x):
+            return x * lr  # BAD
+        """], [
+        """
+        SCALE = 1.0
+        @ms.jit
+        def step(x):
+            return x * SCALE
+        """, """
+        SCALE = 1.0
+        @ms.jit
+        def step(x, SCALE):
+            return x * SCALE
+        SCALE = 2.0
+        """]),
+    "MS003": ([
+        """
+        @ms.jit
+        def step(x, w):
+            return x * w
+        for i in range(10):
+            step(x, i)  # BAD
+        """, """
+        @ms.jit
+        def step(x, w):
+            return x * w
+        scale = 1.0
+        for batch in data:
+            step(batch, scale)  # BAD
+            scale += 0.5
+        """], [
+        """
+        @ms.jit
+        def step(x, w):
+            return x * w
+        for i in range(10):
+            step(x, ms.Tensor(i))
+        """, """
+        @ms.jit
+        def step(x, w):
+            return x * w
+        for batch in data:
+            step(batch, 2.0)
+        """]),
+    "MS004": ([
+        """
+        grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)  # BAD
+        """, """
+        @ms.jit
+        def step(x):
+            f = lambda v: v * 2  # BAD
+            return f(x)
+        """], [
+        """
+        def forward(x, y):
+            return loss_fn(net(x), y)
+        grad_fn = ms.value_and_grad(forward, None, params)
+        """, """
+        data = sorted(items, key=lambda v: v[0])
+        @ms.jit
+        def step(x):
+            return x * 2
+        """]),
+    "MS005": ([
+        """
+        @ms.jit
+        def step(x):
+            return net(x)
+        step(x)
+        ms.load_param_into_net(net, ms.load_checkpoint("a.ckpt"))  # BAD
+        """, """
+        train = ms.jit(train_fn)
+        for x in data:
+            train(x)
+        net.fc.weight.set_data(w)  # BAD
+        """], [
+        """
+        ms.load_param_into_net(net, ms.load_checkpoint("a.ckpt"))
+        @ms.jit
+        def step(x):
+            return net(x)
+        step(x)
+        """, """
+        @ms.jit
+        def step(x):
+            return net(x)
+        w = ms.load_checkpoint("a.ckpt")
+        step(x)
+        """]),
+    "MS006": ([
+        """
+        @ms.jit(capture_mode="trace")  # BAD
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            opt(grads)
+            return loss
+        """, """
+        train = ms.jit(step_fn, capture_mode="trace")  # BAD
+        """], [
+        """
+        @ms.jit(capture_mode="ast")
+        def step(x, y):
+            return x
+        """, """
+        train = ms.jit(step_fn, capture_mode="bytecode")
+        """]),
+    "MS007": ([
+        """
+        @ms.jit
+        def step(x, acc, i):
+            acc = [a + g for a, g in zip(acc, grads)]  # BAD
+            return acc
+        """, """
+        @ms.jit
+        def step(x, i):
+            if i % 4 == 0:  # BAD
+                opt(grads)
+            return x
+        """], [
+        """
+        @ms.jit
+        def step(x):
+            acc = [a + 1 for a in x]
+            return acc
+        """, """
+        @ms.jit
+        def step(x):
+            if counter % 4 == 0:
+                opt(grads)
+            return x
+        """]),
+    "MS008": ([
+        """
+        label = ops.cast(label, ms.float16)  # BAD
+        """, """
+        y = y.astype(ms.bfloat16)  # BAD
+        """], [
+        """
+        data = ops.cast(data, ms.float16)
+        """, """
+        label = ops.cast(label, ms.int32)
+        """]),
+    "MS009": ([
+        """
+        acc = ms.Parameter(ops.zeros_like(p), name="accum." + p.name)  # BAD
+        """, """
+        m = ms.Parameter(ops.zeros_like(p), name=f"moment1.{p.name}", requires_grad=False)  # BAD
+        """], [
+        """
+        acc = ms.Parameter(ops.zeros_like(p), name="mystep.acc." + p.name)
+        """, """
+        m = ms.Parameter(ops.zeros_like(p), name=f"ema.{p.name}")
+        """]),
+    "MS010": ([
+        """
+        @ms.jit
+        def step(x):
+            v = x.asnumpy()  # BAD
+            return x
+        """, """
+        def forward(x):
+            return np.exp(x)  # BAD
+        train = ms.jit(forward)
+        """], [
+        """
+        @ms.jit
+        def step(x):
+            return ops.exp(x)
+        loss = step(x).asnumpy()
+        """, """
+        def report(x):
+            return np.exp(x.asnumpy())
+        """]),
+    "MS011": ([
+        """
+        @ms.jit
+        def step(x):
+            scheduler.step()  # BAD
+            return x
+        """, """
+        def fwd(x):
+            lr_sched.step()  # BAD
+            return x
+        train = ms.jit(fwd)
+        """], [
+        """
+        @ms.jit
+        def step(x):
+            return x
+        step(x)
+        scheduler.step()
+        """, """
+        @ms.jit
+        def step(x):
+            walker.step()
+            return x
+        """]),
+    "MS012": ([
+        """
+        @ms.jit
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            optimizer(grads)
+            grads = ops.AllReduce()(grads)  # BAD
+            return loss
+        """, """
+        @ms.jit
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            grads = all_reduce(grads)  # BAD
+            opt(grads)
+            return loss
+        """], [
+        """
+        @ms.jit
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            grads = reducer(grads)
+            opt(grads)
+            return loss
+        """, """
+        @ms.jit
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            total = all_reduce(grads)
+            grads = total / size
+            opt(grads)
+            return loss
+        """]),
+    "MS013": ([
+        """
+        @ms.jit
+        def step(x):
+            print(x)  # BAD
+            return x
+        """, """
+        class Net(nn.Cell):
+            def construct(self, x):
+                print(x.shape)  # BAD
+                return x
+        ms.set_context(mode=ms.GRAPH_MODE)
+        """], [
+        """
+        @ms.jit
+        def step(x):
+            return x
+        print(step(x))
+        """, """
+        class Net(nn.Cell):
+            def construct(self, x):
+                print(x.shape)
+                return x
+        """]),
+    "MS014": ([
+        """
+        @ms.jit
+        def step(x):
+            out = {"loss": x}
+            out.update(aux)  # BAD
+            return out
+        """, """
+        def fwd(x):
+            m = dict()
+            m.update({"a": x})  # BAD
+            return m
+        train = ms.jit(fwd)
+        """], [
+        """
+        @ms.jit
+        def step(x):
+            ema.update()
+            return x
+        """, """
+        def host(x):
+            out = {"loss": x}
+            out.update(aux)
+            return out
+        """]),
+    "MS015": ([
+        """
+        @ms.jit
+        def train_step(net, data, label):  # BAD
+            return net(data)
+        """, """
+        def step(data, optimizer):  # BAD
+            return data
+        train = ms.jit(step)
+        """], [
+        """
+        @ms.jit
+        def train_step(data, label):
+            return net(data)
+        """, """
+        def helper(net, data):
+            return net(data)
+        """]),
+    "MS016": ([
+        """
+        ops.control_depend(a, b)  # BAD
+        """, """
+        F.control_depend(opt_result, loss)  # BAD
+        """], [
+        """
+        loss = ops.depend(loss, opt(grads))
+        """, """
+        loss = ops.depend(loss, b)
+        """]),
+}
+
+
+def _source(snippet: str) -> str:
+    return HEAD + textwrap.dedent(snippet).lstrip("\n")
+
+
+def _bad_lines(src: str) -> list[int]:
+    return [i for i, line in enumerate(src.splitlines(), start=1) if line.rstrip().endswith("# BAD")]
+
+
+def test_every_rule_has_cases():
+    assert set(CASES) == set(RULES)
+    for rule, (bad, good) in CASES.items():
+        assert len(bad) >= 2 and len(good) >= 2, rule
+
+
+@pytest.mark.parametrize("rule, index", [(r, i) for r in CASES for i in range(len(CASES[r][0]))],
+                         ids=lambda v: str(v))
+def test_rule_catches_bad_snippet_at_the_right_line(rule, index):
+    src = _source(CASES[rule][0][index])
+    lines = sorted({f["line"] for f in analyze_source(src) if f["rule"] == rule})
+    assert lines == _bad_lines(src)
+
+
+@pytest.mark.parametrize("rule, index", [(r, i) for r in CASES for i in range(len(CASES[r][1]))],
+                         ids=lambda v: str(v))
+def test_rule_leaves_correct_snippet_alone(rule, index):
+    src = _source(CASES[rule][1][index])
+    assert [f for f in analyze_source(src) if f["rule"] == rule] == []
+
+
+def test_mindstep_style_training_code_has_no_findings():
+    src = _source("""
+        import mindstep
+        net = nn.Dense(4, 1)
+        loss_fn = nn.MSELoss()
+        opt = nn.Adam(net.trainable_params(), 1e-3)
+        def forward(x, y):
+            return loss_fn(net(x), y)
+        step = mindstep.TrainStep(forward, opt, accumulate=4, loss_scale="dynamic")
+        for epoch in range(3):
+            for i, (x, y) in enumerate(data):
+                m = step(x, y)
+                print(epoch, i, float(m["loss"]))
+        """)
+    assert analyze_source(src) == []
+
+
+def test_json_schema_and_exit_code_1_on_errors(tmp_path, capsys):
+    bad = tmp_path / "bad.py"
+    bad.write_text(_source(CASES["MS001"][0][0]))
+    assert main(["doctor", str(bad), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"findings"}
+    f = out["findings"][0]
+    assert set(f) == {"path", "line", "col", "rule", "message", "fix", "severity"}
+    assert f["path"] == str(bad) and f["rule"] == "MS001" and f["severity"] == "error"
+    assert isinstance(f["line"], int) and isinstance(f["col"], int)
+
+
+def test_exit_code_0_for_warnings_only_and_clean_code(tmp_path, capsys):
+    warn = tmp_path / "warn.py"
+    warn.write_text(_source(CASES["MS013"][0][0]))
+    clean = tmp_path / "clean.py"
+    clean.write_text(_source(CASES["MS013"][1][0]))
+    assert main(["doctor", str(warn)]) == 0
+    assert "warning MS013" in capsys.readouterr().out
+    assert main(["doctor", str(tmp_path / "clean.py")]) == 0
+    assert "0 finding(s)" in capsys.readouterr().out
+
+
+def test_folder_is_scanned_and_bad_input_exits_2(tmp_path, capsys):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text(_source(CASES["MS016"][0][0]))
+    assert main(["doctor", str(tmp_path)]) == 1
+    capsys.readouterr()
+    assert main(["doctor", str(tmp_path / "missing.py")]) == 2
+    (tmp_path / "broken.py").write_text("def (:\n")
+    assert main(["doctor", str(tmp_path / "broken.py")]) == 2
+    assert "cannot parse" in capsys.readouterr().err
+
+
+EXPLAIN = {
+    "bf16-cpu": "TypeError: Select CPU operator[MatMul] fail! Unsupported data type!",
+    "npu-float-status": "RuntimeError: Kernel select failed: Unsupported op [NPUGetFloatStatusV2] on CPU",
+    "lambda": "TypeError: Parse Lambda Function Fail. Node type must be Lambda, but got Call",
+    "dtype-mismatch": "TypeError: For primitive[MatMulExt], the input type must be same.",
+    "type-join": "TypeError: Cannot join the return values of different branches, perhaps you need to make them equal.",
+    "scheduler-in-jit": "TypeError: Data type conversion is not supported for a 'Parameter', Float32 to Float64",
+    "name-exists": "RuntimeError: The parameter accum.l1.weight, its name 'accum.l1.weight' already exists.",
+    "strict-host": "AttributeError: In JIT strict mode, cannot get attributes asnumpy or the object has no attributes",
+    "model-amp-cpu": "ValueError: Only loss_scale_manager=None or FixedLossScaleManager(drop_overflow_update=False) are supported on device CPU",
+    "no-msrun": "RuntimeError: Maybe you are trying to call 'mindspore.communication.init()' without using 'mpirun'",
+    "numpy2": "A module that was compiled using NumPy 1.x cannot be run in NumPy 2.0.0",
+    "dynamic-clone": "RuntimeError: The method 'Clone()' doesn't implement",
+}
+
+
+@pytest.mark.parametrize("known", list(EXPLAIN))
+def test_explain_maps_known_errors(known):
+    ids = [h["id"] for h in explain("Traceback (most recent call last):\n  ...\n" + EXPLAIN[known])]
+    assert ids and ids[0] == known
+
+
+def test_explain_cli_reads_stdin_and_says_when_unknown(monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(EXPLAIN["lambda"]))
+    assert main(["doctor", "--explain", "-"]) == 0
+    assert "def" in capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO("ZeroDivisionError: division by zero"))
+    assert main(["doctor", "--explain", "-"]) == 1
+    assert "no known MindSpore error" in capsys.readouterr().out
