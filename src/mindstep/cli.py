@@ -55,6 +55,15 @@ def _cmd_bench(args) -> int:
     if args.out:
         for path in report.write_outputs(result, args.out):
             print(f"wrote {path}")
+    if args.explain:
+        from .optimize import render
+
+        for r in result["results"]:
+            table = (r.get("settings") or {}).get("optimize_report")
+            if table:
+                print(f"composed-operator pass, mode {r['mode']} ({r['settings'].get('optimize_s')} s, "
+                      f"{r['settings'].get('rewritten')} rewritten):")
+                print(render(table))
     if cfg.profile_dir:
         for mode in cfg.modes:
             ops = profile.top_ops(os.path.join(cfg.profile_dir, mode))
@@ -131,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR", help="write report.md and bench.png here")
     p.add_argument("--profile", action="store_true", help="profile the timed steps, print the top-10 ops")
+    p.add_argument("--explain", action="store_true", help="print the composed-operator pass's per-layer decisions")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("doctor", help="find graph-mode pitfalls in training code; --explain a MindSpore error")

@@ -8,6 +8,7 @@ import mindspore as ms
 from mindspore import nn
 
 import contextlib
+import time
 
 from . import _compile
 from . import accumulate as _accumulate
@@ -90,6 +91,8 @@ class TrainStep:
             re-synced (one recompile) instead of being silently ignored by the stale compiled copy.
         debug: on the first call, print each stage's shapes and dtypes (inputs, loss, aux, gradient
             norms per parameter group, loss scale) from the host, once; the step's results are unchanged.
+        optimize: run the composed-operator pass (`mindstep.optimize`) on the networks at the first
+            call's shapes, before compiling; `step.optimize_report` holds the decision table.
 
     Returns:
         A callable: `step(*batch) -> dict` of metrics; `float(m["loss"])` works.
@@ -113,7 +116,7 @@ class TrainStep:
                  name: str = "mindstep", loss_scale: Any = _UNSET, accumulate: int = 1, normalize: str = "mean",
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  ema: float | None = None, precision: Any = "O0", keep_fp32=(), lr_schedule=None,
-                 losses=None, guards: bool = True, debug: bool = False):
+                 losses=None, guards: bool = True, debug: bool = False, optimize: bool = False):
         if not callable(forward):
             raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
                            "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
@@ -125,6 +128,7 @@ class TrainStep:
         check_bool("jit", jit)
         check_bool("guards", guards)
         check_bool("debug", debug)
+        check_bool("optimize", optimize)
         check_choice("compiler", compiler, _compile.COMPILERS,
                      "Use 'cell' (GRAPH_MODE Cell, the default) or 'function' (mindspore.jit).")
         if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -189,6 +193,10 @@ class TrainStep:
                                        guards=guards)
         self.debug = debug
         self._watch_all = list(watch.values())
+        self._nets = nets
+        self.optimize = optimize
+        self.optimize_report = None
+        self.optimize_s = 0.0
 
     @classmethod
     def from_net(cls, net: nn.Cell, loss_fn: Callable, optimizer: Any, **kwargs) -> "TrainStep":
@@ -251,6 +259,13 @@ class TrainStep:
             raise ValueError("step(*batch) needs at least one batch element, but got none. "
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
+        if self.optimize and self.optimize_report is None:
+            from .optimize.pass_ import record_conv_inputs, rewrite
+
+            t0 = time.perf_counter()
+            shapes = record_conv_inputs(self._nets, lambda: self.forward(*tensors))
+            self.optimize_report = rewrite(self._nets, shapes)
+            self.optimize_s = time.perf_counter() - t0
         if self.debug and self._runner.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True
             from ._debug import report

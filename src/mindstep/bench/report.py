@@ -59,7 +59,13 @@ def markdown(report: dict) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
     lines += ["", "Settings per mode:", ""]
     for r in report["results"]:
-        lines.append(f"- `{r['mode']}`: {r.get('settings', r.get('error'))}")
+        settings = {k: v for k, v in (r.get("settings") or {}).items() if k != "optimize_report"}
+        lines.append(f"- `{r['mode']}`: {settings or r.get('error')}")
+        table = (r.get("settings") or {}).get("optimize_report")
+        if table:
+            from ..optimize import render
+
+            lines += ["", "```", render(table), "```", ""]
     return "\n".join(lines) + "\n"
 
 

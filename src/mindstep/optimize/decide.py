@@ -1,0 +1,103 @@
+"""Measured, cached choice between a native layer and its composed form.
+
+For each distinct (layer configuration, input shape) the pass times forward + input and weight
+gradients of both forms on the actual device, in GRAPH_MODE like the training step, keeps the faster
+one, and stores the decision in a JSON file keyed by device, MindSpore version and shape, so the
+measurement runs once per machine. On devices whose native convolutions are fast (GPU, Ascend) the
+layers are left native without measuring.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn
+
+from .._compile import graph_mode
+from .conv import FORMS, GemmConv2d, conv_pads
+
+NATIVE_FAST_DEVICES = ("GPU", "Ascend")
+
+
+def cache_path(cache_dir: str | None = None) -> Path:
+    root = cache_dir or os.environ.get("MINDSTEP_CACHE_DIR") or os.path.join(Path.home(), ".cache", "mindstep")
+    return Path(root) / "decisions.json"
+
+
+def load_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def save_cache(path: Path, cache: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written cache
+
+
+def key(device: str, conv: nn.Conv2d, shape: tuple, dtype) -> str:
+    pads = conv_pads(conv, shape[2], shape[3])
+    return (f"{device}|mindspore-{ms.__version__}|conv2d {conv.in_channels}->{conv.out_channels} "
+            f"k{conv.kernel_size} s{conv.stride} d{conv.dilation} pads{pads} bias{int(conv.has_bias)}"
+            f"|in{tuple(shape)} {dtype}")
+
+
+def extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
+    """Extra memory of the composed backward: the im2col columns of x and of the dilated gradient."""
+    n, c, h, w = shape
+    kh, kw = conv.kernel_size
+    if (kh, kw) == (1, 1):
+        return 0.0
+    t, b, l, r = conv_pads(conv, h, w)
+    cols_x = n * c * kh * kw * ((h + t + b) * (w + l + r))
+    cols_dy = n * conv.out_channels * kh * kw * (h + t + b) * (w + l + r)
+    return 4.0 * (cols_x + cols_dy) / 2**20
+
+
+class _Probe(nn.Cell):
+    def __init__(self, layer):
+        super().__init__(auto_prefix=False)  # auto_prefix would rename the layer's Parameters
+        self.layer = layer
+        self.grad = ms.grad(self._loss, grad_position=0, weights=layer.trainable_params())
+
+    def _loss(self, x):
+        return self.layer(x).sum()
+
+    def construct(self, x):
+        return self.grad(x)
+
+
+def time_layer(layer: nn.Cell, x, repeats: int = 3) -> float:
+    """Median ms of forward + input/weight gradients, compiled in GRAPH_MODE (first call excluded)."""
+    probe = _Probe(layer)
+    with graph_mode():
+        probe(x)[0].asnumpy()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = probe(x)
+            out[0].asnumpy()
+            times.append(time.perf_counter() - t0)
+    return 1000.0 * statistics.median(times)
+
+
+def measure(conv: nn.Conv2d, shape: tuple, dtype) -> dict:
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
+    times = {"native": time_layer(conv, x)}
+    forms = ("batched",) if conv.kernel_size == (1, 1) and conv.stride == (1, 1) else FORMS
+    for form in forms:
+        times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x)
+    choice = min(times, key=times.get)
+    shown = ", ".join(f"{k} {v:.1f}" for k, v in times.items())
+    return {"choice": choice, "native_ms": round(times["native"], 3), "gemm_ms": round(min(
+        v for k, v in times.items() if k != "native"), 3), "extra_mb": round(extra_mb(conv, shape), 1),
+        "reason": f"measured fwd+bwd ms: {shown}"}

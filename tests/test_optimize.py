@@ -1,0 +1,176 @@
+"""Composed-operator pass: every rewritten layer equals nn.Conv2d (forward, input/weight/bias
+gradients); a rewritten net trains like the native one; decisions are measured and cached;
+Parameters keep their identity, order and names."""
+import json
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from mindstep import TrainStep
+from mindstep.optimize import GemmConv2d, optimize
+from mindstep.optimize.conv import conv_pads
+from mindstep.optimize.pass_ import record_conv_inputs, rewrite
+
+GRID = [
+    # (cin, cout, kernel, stride, pad_mode, padding, dilation, bias, hw)
+    (4, 6, 3, 1, "same", 0, 1, False, 8),
+    (4, 6, 3, 1, "pad", 1, 1, True, 7),
+    (4, 6, 3, 2, "pad", 1, 1, False, 8),
+    (4, 6, 3, 2, "same", 0, 1, True, 7),       # TF-style asymmetric 'same' padding
+    (4, 6, 3, 2, "same", 0, 1, False, 8),
+    (3, 5, 7, 2, "pad", 3, 1, False, 9),
+    (4, 6, 3, 1, "valid", 0, 1, True, 6),
+    (4, 6, 3, 1, "pad", 2, 2, False, 9),       # dilation
+    (4, 6, 3, 1, "same", 0, 2, True, 8),
+    (4, 6, 5, 3, "pad", 2, 1, False, 11),
+    (4, 6, 1, 1, "same", 0, 1, True, 5),       # pointwise
+    (4, 6, 1, 2, "same", 0, 1, False, 6),      # strided pointwise (ResNet downsample)
+    (4, 6, (3, 1), 1, "same", 0, 1, False, 6),  # non-square kernel
+    (2, 3, 3, 1, "pad", (1, 0, 2, 1), 1, True, 6),  # asymmetric explicit padding
+]
+
+
+def make_conv(cin, cout, k, s, mode, pad, dil, bias):
+    ms.set_seed(3)
+    return nn.Conv2d(cin, cout, k, s, pad_mode=mode, padding=pad, dilation=dil, has_bias=bias,
+                     weight_init="normal", bias_init="normal" if bias else "zeros")
+
+
+def grads_of(layer, x, r):
+    def loss(x):
+        return (layer(x) * r).sum()
+
+    params = layer.trainable_params()
+    out = layer(x)
+    dx, dps = ms.grad(loss, grad_position=0, weights=params)(x)
+    return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dps]
+
+
+@pytest.mark.parametrize("form", ["batched", "one-gemm"])
+@pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c[0]}-{c[1]}-k{c[2]}-s{c[3]}-{c[4]}{c[5]}-d{c[6]}-b{int(c[7])}-{c[8]}px")
+@pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
+def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, graph):
+    *conf, hw = case
+    conv = make_conv(*conf)
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal((3, conf[0], hw, hw)).astype(np.float32))
+    gemm = GemmConv2d(conv, (hw, hw), form)
+    ref = grads_of(conv, x, ms.Tensor(np.ones(conv(x).shape, np.float32)))
+    r = ms.Tensor(rng.standard_normal(ref[0].shape).astype(np.float32))
+    if graph:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        expected = grads_of(conv, x, r)
+        got = grads_of(gemm, x, r)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert got[0].shape == expected[0].shape
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4, err_msg="forward")
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-4, atol=1e-4, err_msg="input gradient")
+    assert len(got[2]) == len(expected[2])
+    for g, e, p in zip(got[2], expected[2], conv.trainable_params()):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
+
+
+def test_rewrite_keeps_parameter_identity_order_and_names(tmp_path):
+    from mindstep.bench.zoo import MODELS
+
+    ms.set_seed(0)
+    net = MODELS["resnet18"].build(16, 16)
+    before = [(p.name, id(p)) for p in net.trainable_params()]
+    all_before = [(p.name, id(p)) for p in net.get_parameters()]
+    table = optimize(net, (np.ones((2, 3, 16, 16), np.float32),), cache_dir=str(tmp_path))
+    assert any(r["choice"] != "native" for r in table), "the pass must rewrite something for this test"
+    assert [(p.name, id(p)) for p in net.trainable_params()] == before
+    assert [(p.name, id(p)) for p in net.get_parameters()] == all_before
+
+
+def small_net():
+    ms.set_seed(1)
+    return nn.SequentialCell(
+        nn.Conv2d(3, 8, 3, pad_mode="pad", padding=1, has_bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, 2, pad_mode="same", has_bias=True), nn.ReLU(),
+        nn.Conv2d(16, 16, 1, has_bias=False), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dense(16, 5))
+
+
+def force_gemm(net, x, tmp_path, form="batched"):
+    """Rewrite every conv (no timing): the equivalence tests must not depend on which form wins."""
+    shapes = record_conv_inputs([net], lambda: net(x))
+    cache = {}
+    from mindstep.optimize import decide
+
+    for _, cell in net.cells_and_names():
+        if isinstance(cell, nn.Conv2d):
+            shape, dtype = shapes[id(cell)]
+            cache[decide.key("CPU", cell, shape, dtype)] = {"choice": form, "reason": "test"}
+    decide.save_cache(decide.cache_path(str(tmp_path)), cache)
+    return rewrite([net], shapes, device="CPU", cache_dir=str(tmp_path), measure=False)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["pynative", "jit"])
+def test_rewritten_net_trains_to_the_same_parameters(jit, tmp_path):
+    rng = np.random.default_rng(0)
+    data = [(ms.Tensor(rng.standard_normal((4, 3, 8, 8)).astype(np.float32)),
+             ms.Tensor(rng.integers(0, 5, 4).astype(np.int32))) for _ in range(3)]
+    results = []
+    for rewrite_it in (False, True):
+        net = small_net()
+        if rewrite_it:
+            table = force_gemm(net, data[0][0], tmp_path)
+            assert [r["choice"] for r in table] == ["batched"] * 3
+        step = TrainStep.from_net(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9), jit=jit)
+        losses = [float(step(x, y)["loss"]) for x, y in data * 3]
+        results.append((losses, {p.name: p.asnumpy() for p in net.get_parameters()}))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-4, atol=1e-5)
+    for name, value in results[0][1].items():
+        np.testing.assert_allclose(results[1][1][name], value, rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+def test_decisions_are_measured_cached_and_reused(tmp_path):
+    net = small_net()
+    x = np.ones((2, 3, 8, 8), np.float32)
+    table = optimize(net, (x,), cache_dir=str(tmp_path))
+    cache = json.loads((tmp_path / "decisions.json").read_text())
+    assert len(cache) == 3
+    for key, entry in cache.items():
+        assert key.startswith("CPU|mindspore-2.10.0|conv2d ")
+        assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
+    assert all("measured" in r["reason"] for r in table)
+    again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
+    assert [r["choice"] for r in again] == [r["choice"] for r in table]
+    assert json.loads((tmp_path / "decisions.json").read_text()) == cache
+
+
+def test_fast_native_devices_stay_native_and_unmeasured(tmp_path):
+    net = small_net()
+    table = optimize(net, (np.ones((2, 3, 8, 8), np.float32),), device="GPU", cache_dir=str(tmp_path))
+    assert [r["choice"] for r in table] == ["native"] * 3
+    assert all("fast on GPU" in r["reason"] for r in table)
+    assert not (tmp_path / "decisions.json").exists()
+    assert all(type(c) is not GemmConv2d for _, c in net.cells_and_names())
+
+
+def test_grouped_convs_stay_native_with_the_reason(tmp_path):
+    ms.set_seed(0)
+    net = nn.SequentialCell(nn.Conv2d(4, 4, 3, group=4, pad_mode="same"))
+    table = optimize(net, (np.ones((1, 4, 6, 6), np.float32),), cache_dir=str(tmp_path))
+    assert table[0]["choice"] == "native" and "group=4" in table[0]["reason"]
+
+
+def test_conv_pads_match_mindspore_output_shapes():
+    for case in GRID:
+        *conf, hw = case
+        conv = make_conv(*conf)
+        t, b, l, r = conv_pads(conv, hw, hw)
+        out = conv(ms.Tensor(np.ones((1, conf[0], hw, hw), np.float32))).shape
+        kh, kw = conv.kernel_size
+        dh, dw = conv.dilation
+        assert out[2] == (hw + t + b - dh * (kh - 1) - 1) // conv.stride[0] + 1
+        assert out[3] == (hw + l + r - dw * (kw - 1) - 1) // conv.stride[1] + 1
+
+
+def test_optimize_rejects_non_cells():
+    with pytest.raises(TypeError, match="`net`"):
+        optimize("resnet", (np.ones(1),))
