@@ -17,6 +17,13 @@ from ..models import MLP
 
 
 # ---- ResNet (ImageNet layout: 7x7 stem, max-pool, 4 stages) ----------------------------------
+def _shortcut(cin, cout, stride):
+    """The projection shortcut (1x1 conv + BN) when the shape changes, else None (identity)."""
+    if stride != 1 or cin != cout:
+        return nn.SequentialCell(nn.Conv2d(cin, cout, 1, stride, has_bias=False), nn.BatchNorm2d(cout))
+    return None
+
+
 class BasicBlock(nn.Cell):
     expansion = 1
 
@@ -28,9 +35,7 @@ class BasicBlock(nn.Cell):
         self.conv2 = nn.Conv2d(width, cout, 3, 1, pad_mode="pad", padding=1, has_bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU()
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.SequentialCell(nn.Conv2d(cin, cout, 1, stride, has_bias=False), nn.BatchNorm2d(cout))
+        self.down = _shortcut(cin, cout, stride)
 
     def construct(self, x):
         out = self.relu(self.bn1(self.conv1(x)))
@@ -52,9 +57,7 @@ class Bottleneck(nn.Cell):
         self.conv3 = nn.Conv2d(width, cout, 1, has_bias=False)
         self.bn3 = nn.BatchNorm2d(cout)
         self.relu = nn.ReLU()
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.SequentialCell(nn.Conv2d(cin, cout, 1, stride, has_bias=False), nn.BatchNorm2d(cout))
+        self.down = _shortcut(cin, cout, stride)
 
     def construct(self, x):
         out = self.relu(self.bn1(self.conv1(x)))
