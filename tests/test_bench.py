@@ -131,3 +131,12 @@ def test_every_bench_model_builds_and_its_batch_fits(name):
     out = net(ms.Tensor(batch[0]))
     loss = spec.loss()(out, ms.Tensor(batch[1]))
     assert loss.ndim == 0 and np.isfinite(float(loss.asnumpy()))
+
+
+def test_jit_opt_decisions_are_measured_in_a_process_of_their_own(tmp_path):
+    cfg = runner.BenchConfig(model="mlp", modes=("jit-opt",), batch_size=4, steps=1, warmup=1,
+                             extra_env={"MINDSTEP_CACHE_DIR": str(tmp_path)})
+    rep = runner.run(cfg)
+    assert rep["optimize_prepare"]["layers"] == 0 and rep["optimize_prepare"]["optimize_s"] >= 0
+    row = rep["results"][0]
+    assert row["status"] == "ok" and "composed-operator pass" in row["settings"]["opt"]

@@ -82,6 +82,11 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
         on_progress("peak matmul", 0, total)
     peak = run_worker({"mode": "peak"}, cfg.timeout_s, cfg.extra_env)
     peak_gflops = peak.get("peak_gflops", float("nan"))
+    prepared = None
+    if "jit-opt" in cfg.modes:
+        if on_progress:
+            on_progress("jit-opt: measuring layer decisions", 0, total)
+        prepared = run_worker({**spec_for(cfg, "jit-opt"), "mode": "prepare-opt"}, cfg.timeout_s, cfg.extra_env)
     results = []
     for i, mode in enumerate(cfg.modes, start=1):
         if on_progress:
@@ -92,7 +97,7 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
         on_progress("done", total, total)
     return {"device": ms.get_context("device_target"), "mindspore": ms.__version__, "peak_gflops": peak_gflops,
             "config": {k: v for k, v in asdict(cfg).items() if k not in ("extra_env",)},
-            "results": results}
+            "optimize_prepare": prepared, "results": results}
 
 
 def _row(cfg: BenchConfig, mode: str, out: dict, peak_gflops: float) -> dict:
