@@ -39,18 +39,23 @@ except ImportError:  # pragma: no cover - depends on the MindSpore version
     _PYNATIVE = None
 
 
-def _eager(cell, tensors):
-    """Run `cell.construct` in PyNative; after an exception, reset PyNative's grad state.
+def reset_pynative_grad() -> None:
+    """Clear PyNative's grad state if a differentiated eager call left it set.
 
     Measured with MindSpore 2.10: when a function under `value_and_grad` raises in PyNative, the
     executor's grad flag stays set, and later optimizer calls in the same process silently do
     nothing (an `nn.AdamWeightDecay` step left every weight unchanged). `clear_res()` restores it.
     """
+    if _PYNATIVE is not None and _PYNATIVE.grad_flag():
+        _PYNATIVE.clear_res()
+
+
+def _eager(cell, tensors):
+    """Run `cell.construct` in PyNative; after an exception, reset PyNative's grad state."""
     try:
         return cell.construct(*tensors)
     except BaseException:
-        if _PYNATIVE is not None and _PYNATIVE.grad_flag():
-            _PYNATIVE.clear_res()
+        reset_pynative_grad()
         raise
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 
-from ._compile import _PYNATIVE
+from ._compile import reset_pynative_grad
 
 
 def _describe(t) -> str:
@@ -55,5 +55,4 @@ def report(step, tensors) -> str:
     finally:
         for p, value in saved:
             p.set_data(ms.Tensor(value))
-        if _PYNATIVE is not None and _PYNATIVE.grad_flag():
-            _PYNATIVE.clear_res()
+        reset_pynative_grad()

@@ -32,7 +32,10 @@ def _f(step):
 class Schedule:
     """Base of the schedules: `__call__` (graph) and `value` (host) must agree."""
 
-    base_lr: float
+    @property
+    def base_lr(self) -> float:
+        """The LR the schedule is defined around (its `lr`); group LR ratios are kept relative to it."""
+        return self.lr
 
     def __call__(self, step):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -49,10 +52,6 @@ class constant(Schedule):
 
     def __post_init__(self):
         check_float("lr", self.lr, low=0.0)
-
-    @property
-    def base_lr(self):
-        return self.lr
 
     def __call__(self, step):
         return ops.zeros((), ms.float32) + self.lr
@@ -73,10 +72,6 @@ class cosine_decay(Schedule):
         check_float("lr", self.lr, low=0.0)
         check_int("total_steps", self.total_steps, minimum=1)
         check_float("eta_min", self.eta_min, low=0.0, high=self.lr)
-
-    @property
-    def base_lr(self):
-        return self.lr
 
     def __call__(self, step):
         t = ops.minimum(_f(step), float(self.total_steps)) / self.total_steps
@@ -99,10 +94,6 @@ class step_decay(Schedule):
         check_float("lr", self.lr, low=0.0)
         check_int("step_size", self.step_size, minimum=1)
         check_float("gamma", self.gamma, low=0.0, high=1.0)
-
-    @property
-    def base_lr(self):
-        return self.lr
 
     def __call__(self, step):
         k = ops.floor_divide(step, self.step_size).astype(ms.float32)
@@ -130,10 +121,6 @@ class sgdr(Schedule):
         check_int("T_0", self.T_0, minimum=1)
         check_int("T_mult", self.T_mult, minimum=1)
         check_float("eta_min", self.eta_min, low=0.0, high=self.lr)
-
-    @property
-    def base_lr(self):
-        return self.lr
 
     def _position(self, step: int) -> tuple[float, float]:
         if self.T_mult == 1:

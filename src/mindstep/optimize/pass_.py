@@ -4,7 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn
 
-from .._compile import _PYNATIVE
+from .._compile import reset_pynative_grad
 from .._errors import bad_type
 from . import decide
 from .conv import GemmConv2d, supported
@@ -34,8 +34,7 @@ def record_conv_inputs(nets, run) -> dict:
             h.remove()
         for cell, training in flags:
             cell.training = training
-        if _PYNATIVE is not None and _PYNATIVE.grad_flag():
-            _PYNATIVE.clear_res()
+        reset_pynative_grad()
     return shapes
 
 
