@@ -20,6 +20,7 @@ from mindspore import nn, ops
 
 
 FORMS = ("batched", "one-gemm")
+_BMM_NT = ops.BatchMatMul(transpose_b=True)
 
 
 def same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
@@ -125,8 +126,9 @@ class _ConvFn(nn.Cell):
         cols = ops.unfold(xp, kernel_size=(self.kh, self.kw), dilation=(self.dh, self.dw),
                           padding=self.unfold_pad, stride=(self.sh, self.sw))
         dy = dout.reshape(n, k, self.ho * self.wo)
-        dw = ops.matmul(dy.transpose(1, 0, 2).reshape(k, -1), cols.transpose(0, 2, 1).reshape(n * self.ho * self.wo, -1))
-        dw = dw.reshape(w.shape)
+        # sum over the batch of dy_n @ cols_n^T: a batched GEMM with transpose_b instead of two
+        # materialised transposes of the (large) column matrix
+        dw = _BMM_NT(dy, cols).sum(axis=0).reshape(w.shape)
         z = dout
         if self.strided:
             z = ops.zeros((n, k, self.zh, self.zw), dout.dtype)

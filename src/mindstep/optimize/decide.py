@@ -22,6 +22,8 @@ from .._compile import graph_mode
 from .conv import FORMS, GemmConv2d, conv_pads
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
+# Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
+FORMULATION = "gemmconv-2"
 
 
 def cache_path(cache_dir: str | None = None) -> Path:
@@ -45,7 +47,7 @@ def save_cache(path: Path, cache: dict) -> None:
 
 def key(device: str, conv: nn.Conv2d, shape: tuple, dtype) -> str:
     pads = conv_pads(conv, shape[2], shape[3])
-    return (f"{device}|mindspore-{ms.__version__}|conv2d {conv.in_channels}->{conv.out_channels} "
+    return (f"{device}|mindspore-{ms.__version__}|{FORMULATION}|conv2d {conv.in_channels}->{conv.out_channels} "
             f"k{conv.kernel_size} s{conv.stride} d{conv.dilation} pads{pads} bias{int(conv.has_bias)}"
             f"|in{tuple(shape)} {dtype}")
 
