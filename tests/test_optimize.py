@@ -135,7 +135,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-2|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-3|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
@@ -174,3 +174,16 @@ def test_conv_pads_match_mindspore_output_shapes():
 def test_optimize_rejects_non_cells():
     with pytest.raises(TypeError, match="`net`"):
         optimize("resnet", (np.ones(1),))
+
+
+@pytest.mark.parametrize("times, memory, expected", [
+    ({"native": 10, "batched": 5, "one-gemm": 4.5}, {"native": 0, "batched": 10, "one-gemm": 30}, "batched"),
+    ({"native": 10, "batched": 5, "one-gemm": 3.9}, {"native": 0, "batched": 10, "one-gemm": 30}, "one-gemm"),
+    ({"native": 10, "batched": 12, "one-gemm": 9}, {"native": 0, "batched": 10, "one-gemm": 30}, "one-gemm"),
+    ({"native": 3, "batched": 5, "one-gemm": 4}, {"native": 0, "batched": 10, "one-gemm": 30}, "native"),
+    ({"native": 10, "batched": 9}, {"native": 0, "batched": 0}, "batched"),
+], ids=["leaner-close-enough", "fatter-much-faster", "only-fatter-beats-native", "native-fastest", "pointwise"])
+def test_choice_prefers_the_leaner_form_unless_another_is_clearly_faster(times, memory, expected):
+    from mindstep.optimize.decide import choose
+
+    assert choose(times, memory) == expected
