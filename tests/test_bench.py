@@ -1,7 +1,6 @@
 """mindstep bench: JSON schema, failure reporting, ratios from one run, outputs. No timing thresholds."""
 import json
 import math
-import os
 
 import mindspore as ms
 import numpy as np

@@ -4,7 +4,7 @@ import math
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import nn, ops
+from mindspore import nn
 
 from conftest import params_np
 from mindstep import TrainStep, loss_scale

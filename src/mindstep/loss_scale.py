@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numbers
 
-import mindspore as ms
 from mindspore import amp, nn, ops
 
 from ._errors import bad_type, check_float, check_int

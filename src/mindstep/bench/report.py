@@ -54,7 +54,7 @@ def print_table(report: dict, console: Console | None = None) -> None:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# mindstep bench", "", title(report), "", "| " + " | ".join(COLUMNS) + " |",
+    lines = ["# mindstep bench", "", title(report), "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
     lines += ["", "Settings per mode:", ""]

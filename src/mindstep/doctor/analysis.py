@@ -283,7 +283,7 @@ def _check_module(mod: Module, add) -> None:
                 add(node, "MS004")
         if not isinstance(node, ast.Call):
             continue
-        name, last = _dotted(node.func), _last(node.func)
+        last = _last(node.func)
         if first_jit_call is not None and node.lineno > first_jit_call and (
                 last in ("load_param_into_net", "set_data") or (last == "load_checkpoint" and len(node.args) > 1)):
             add(node, "MS005")
