@@ -121,6 +121,18 @@ def test_flops_of_dense_and_conv_match_the_formula():
     assert flops == 2 * (2 * 8 * 6 * 6) * 3 * 9 + 2 * 2 * (8 * 6 * 6) * 5
 
 
+def test_flop_count_leaves_weights_statistics_and_training_flags_alone():
+    ms.set_seed(0)
+    net = MODELS["resnet18"].build(16, 16)
+    net.stages.set_train(True)  # a mixed state the probe must restore exactly
+    flags = [(n, c.training) for n, c in net.cells_and_names()]
+    before = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+    assert forward_flops(net, (ms.Tensor(np.ones((2, 3, 16, 16), np.float32)),)) > 0
+    assert [(n, c.training) for n, c in net.cells_and_names()] == flags
+    for p in net.get_parameters():
+        np.testing.assert_array_equal(p.asnumpy(), before[p.name], err_msg=p.name)
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_every_bench_model_builds_and_its_batch_fits(name):
     spec = MODELS[name]

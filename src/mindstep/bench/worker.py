@@ -64,8 +64,6 @@ def run(spec: dict) -> dict:
     batches = [tuple(ms.Tensor(a) for a in model.batch(rng, spec["batch_size"], spec["image_size"], spec["seq_len"]))
                for _ in range(spec["distinct_batches"])]
     flops = 3.0 * zoo.forward_flops(net, batches[0][:1])  # forward + backward (2x forward)
-    ms.set_seed(spec["seed"])
-    net = model.build(spec["image_size"], spec["seq_len"])  # fresh weights: the FLOP pass ran BatchNorm eagerly
     total = spec["warmup"] + spec["steps"]
     feed = [batches[i % len(batches)] for i in range(total)]
     if spec["mode"] == "model":

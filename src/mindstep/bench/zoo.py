@@ -13,6 +13,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from .._probe import probe_forward
 from ..models import MLP
 
 
@@ -238,8 +239,9 @@ MODELS = {
 def forward_flops(net: nn.Cell, inputs) -> float:
     """Multiply-add FLOPs (x2) of one forward pass, from the shapes seen by Conv2d/Dense/Attention.
 
-    Runs one eager forward with hooks; BatchNorm, activations and pooling are not counted (the
-    usual MFU convention: matmul-class work only).
+    Runs one eager, inference-mode forward with hooks (weights, BatchNorm statistics and training
+    flags are left as they were); BatchNorm, activations and pooling are not counted (the usual MFU
+    convention: matmul-class work only).
     """
     total = [0.0]
     handles = []
@@ -255,16 +257,12 @@ def forward_flops(net: nn.Cell, inputs) -> float:
     def att_hook(cell, args, out):
         total[0] += float(cell.extra_flops(args[0].shape))
 
-    for _, cell in net.cells_and_names():
-        hook = conv_hook if isinstance(cell, nn.Conv2d) else dense_hook if isinstance(cell, nn.Dense) else \
-            att_hook if isinstance(cell, Attention) else None
-        if hook is not None:
-            handles.append(cell.register_forward_hook(hook))
-    try:
-        net.set_train(False)
-        net(*inputs)
-    finally:
-        net.set_train(True)
-        for h in handles:
-            h.remove()
+    def hook_for(cell):
+        if isinstance(cell, nn.Conv2d):
+            return conv_hook
+        if isinstance(cell, nn.Dense):
+            return dense_hook
+        return att_hook if isinstance(cell, Attention) else None
+
+    probe_forward([net], hook_for, lambda: net(*inputs))
     return total[0]

@@ -4,37 +4,21 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn
 
-from .._compile import reset_pynative_grad
+from .._probe import probe_forward
 from .._errors import bad_type
 from . import decide
 from .conv import GemmConv2d, supported
 
 
 def record_conv_inputs(nets, run) -> dict:
-    """{id(conv): input shape} for every Conv2d in `nets`, from one eager, inference-mode call of `run()`.
-
-    Inference mode (`set_train(False)`) so BatchNorm statistics are not updated by the probe.
-    """
-    shapes, handles, flags = {}, [], []
+    """{id(conv): (input shape, dtype)} for every Conv2d in `nets`, from one eager, inference-mode
+    call of `run()` (see `mindstep._probe.probe_forward`)."""
+    shapes = {}
 
     def hook(cell, args, out):
         shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype))
 
-    for net in nets:
-        for _, cell in net.cells_and_names():
-            flags.append((cell, cell.training))
-            if isinstance(cell, nn.Conv2d):
-                handles.append(cell.register_forward_hook(hook))
-    try:
-        for net in nets:
-            net.set_train(False)
-        run()
-    finally:
-        for h in handles:
-            h.remove()
-        for cell, training in flags:
-            cell.training = training
-        reset_pynative_grad()
+    probe_forward(nets, lambda cell: hook if isinstance(cell, nn.Conv2d) else None, run)
     return shapes
 
 

@@ -1,0 +1,30 @@
+"""One eager, inference-mode forward with hooks: how mindstep reads the shapes a network sees."""
+from __future__ import annotations
+
+from ._compile import reset_pynative_grad
+
+
+def probe_forward(nets, hook_for, run) -> None:
+    """Call `run()` once with forward hooks on the Cells of `nets`, and leave no trace.
+
+    `hook_for(cell)` returns a hook `(cell, args, out) -> None` or None. The nets run in inference
+    mode (`set_train(False)`) so BatchNorm statistics are not updated; afterwards every Cell's
+    training flag is restored, the hooks are removed and PyNative's grad state is reset.
+    """
+    handles, flags = [], []
+    for net in nets:
+        for _, cell in net.cells_and_names():
+            flags.append((cell, cell.training))
+            hook = hook_for(cell)
+            if hook is not None:
+                handles.append(cell.register_forward_hook(hook))
+    try:
+        for net in nets:
+            net.set_train(False)
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for cell, training in flags:
+            cell.training = training
+        reset_pynative_grad()
