@@ -31,3 +31,19 @@ def assert_params_close(a, b, atol=1e-5, rtol=1e-5):
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_allclose(a[k], b[k], atol=atol, rtol=rtol, err_msg=k)
+
+
+def sgd_mlp(lr=1.0, loss_factor=1.0):
+    """(net, SGD optimizer, forward) on the seeded MLP; with lr=1 an update equals the gradient it used."""
+    from mindspore import nn
+
+    from mindstep.models import MLP, seeded
+
+    net = seeded(MLP)
+    opt = nn.SGD(net.trainable_params(), lr)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def forward(x, y):
+        return loss_fn(net(x), y) * loss_factor
+
+    return net, opt, forward

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
-from conftest import params_np
+from conftest import params_np, sgd_mlp
 from mindstep import TrainStep, loss_scale
 from mindstep.clip import Clip, global_norm
 from mindstep.models import MLP, seeded
@@ -143,13 +143,7 @@ def test_loss_is_reported_in_unscaled_units(jit):
 @pytest.mark.parametrize("limit", [0.05, 1e3], ids=["clips", "below-limit"])
 def test_clipped_update_norm_equals_limit(limit, jit):
     """With SGD(lr=1) the update is the clipped gradient, so its norm is observable."""
-    net = seeded(MLP)
-    opt = nn.SGD(net.trainable_params(), 1.0)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def forward(x, y):
-        return loss_fn(net(x), y)
-
+    net, opt, forward = sgd_mlp()
     x, y = data(8)
     _, raw = ms.value_and_grad(forward, None, opt.parameters)(ms.Tensor(x), ms.Tensor(y))
     raw_norm = float(global_norm(raw).asnumpy())
@@ -175,13 +169,7 @@ def test_clipping_twice_changes_nothing():
 
 @pytest.mark.parametrize("jit", MODES)
 def test_clip_by_value_bounds_every_element(jit):
-    net = seeded(MLP)
-    opt = nn.SGD(net.trainable_params(), 1.0)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def forward(x, y):
-        return loss_fn(net(x), y) * 100.0
-
+    net, opt, forward = sgd_mlp(loss_factor=100.0)
     x, y = data(8)
     before = params_np(net.trainable_params())
     TrainStep(forward, opt, clip_grad_value=0.01, jit=jit)(x, y)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from mindspore import nn
 
+from conftest import sgd_mlp
 from mindstep import TrainStep, param_groups
 from mindstep import schedules as S
 from mindstep.models import MLP, seeded
@@ -78,13 +79,7 @@ def test_step_sets_lr_every_update_in_graph_without_recompiling(jit):
 @pytest.mark.parametrize("jit", MODES)
 def test_sgd_update_uses_the_scheduled_lr(jit):
     """With SGD the update is lr * grad, so the LR in effect is observable from the weights."""
-    net = seeded(MLP)
-    opt = nn.SGD(net.trainable_params(), 1.0)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def forward(x, y):
-        return loss_fn(net(x), y)
-
+    net, opt, forward = sgd_mlp()
     x = np.random.default_rng(1).standard_normal((8, 32)).astype(np.float32)
     y = np.arange(8, dtype=np.int32)
     grad_fn = ms.value_and_grad(forward, None, opt.parameters)

@@ -244,7 +244,6 @@ def forward_flops(net: nn.Cell, inputs) -> float:
     convention: matmul-class work only).
     """
     total = [0.0]
-    handles = []
 
     def conv_hook(cell, args, out):
         k = cell.kernel_size
