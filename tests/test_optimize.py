@@ -29,6 +29,8 @@ GRID = [
     (4, 6, 1, 2, "same", 0, 1, False, 6),      # strided pointwise (ResNet downsample)
     (4, 6, (3, 1), 1, "same", 0, 1, False, 6),  # non-square kernel
     (2, 3, 3, 1, "pad", (1, 0, 2, 1), 1, True, 6),  # asymmetric explicit padding
+    (4, 6, 1, 1, "pad", 1, 1, False, 5),       # padding beyond the kernel extent: full + crop dX
+    (4, 6, 3, 2, "pad", 3, 1, True, 7),        # same, strided
 ]
 
 
@@ -72,6 +74,15 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
     assert len(got[2]) == len(expected[2])
     for g, e, p in zip(got[2], expected[2], conv.trainable_params()):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
+
+
+def test_input_gradient_uses_exact_padding_unless_padding_exceeds_the_kernel():
+    # the grid above covers both branches; this pins which layers take which
+    def fn(k, s, pad, hw):
+        return GemmConv2d(make_conv(4, 6, k, s, "pad", pad, 1, False), (hw, hw)).fn
+    assert not fn(3, 1, 1, 8).cropped and (fn(3, 1, 1, 8).dxh, fn(3, 1, 1, 8).dxw) == (8, 8)
+    assert not fn(3, 2, 1, 8).cropped
+    assert fn(1, 1, 1, 5).cropped and fn(3, 2, 3, 7).cropped
 
 
 def test_rewrite_keeps_parameter_identity_order_and_names(tmp_path):
@@ -135,7 +146,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-3|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-6|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
