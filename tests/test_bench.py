@@ -144,10 +144,14 @@ def test_every_bench_model_builds_and_its_batch_fits(name):
     assert loss.ndim == 0 and np.isfinite(float(loss.asnumpy()))
 
 
-def test_jit_opt_decisions_are_measured_in_a_process_of_their_own(tmp_path):
-    cfg = runner.BenchConfig(model="mlp", modes=("jit-opt",), batch_size=4, steps=1, warmup=1,
+def test_jit_opt_decisions_are_measured_in_a_process_of_their_own_and_budgeted_from_the_jit_row(tmp_path):
+    cfg = runner.BenchConfig(model="mlp", modes=("jit-opt", "jit"), batch_size=4, steps=1, warmup=1,
                              extra_env={"MINDSTEP_CACHE_DIR": str(tmp_path)})
     rep = runner.run(cfg)
     assert rep["optimize_prepare"]["layers"] == 0 and rep["optimize_prepare"]["optimize_s"] >= 0
-    row = rep["results"][0]
+    assert [r["mode"] for r in rep["results"]] == ["jit-opt", "jit"]  # listed order, though jit ran first
+    row, jit = rep["results"]
     assert row["status"] == "ok" and "composed-operator pass" in row["settings"]["opt"]
+    # a quarter of the jit row's measured peak, less what the shape probe took
+    assert row["settings"]["memory_budget_from"] == "the jit row's peak"
+    assert 0 <= row["settings"]["memory_budget_mb"] <= 0.25 * jit["peak_mem_mb"] + 0.1

@@ -26,6 +26,33 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSET = object()  # loss_scale not given: the precision level picks the default
 
 
+_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure")
+
+
+def _check_optimize(optimize: Any) -> dict | None:
+    """`optimize=` as None (off) or a dict of the pass's settings."""
+    if isinstance(optimize, bool):
+        return {} if optimize else None
+    if not isinstance(optimize, dict):
+        raise bad_type("optimize", optimize, "True, False or a dict of the pass's settings",
+                       "Pass `optimize=True`, or e.g. `optimize={'native_peak_mb': 1200}`.")
+    unknown = sorted(set(optimize) - set(_OPTIMIZE_KEYS))
+    if unknown:
+        raise bad_value("optimize", optimize, f"a dict with keys among {_OPTIMIZE_KEYS}",
+                        f"Remove {unknown}.")
+    if "native_peak_mb" in optimize and "memory_budget_mb" in optimize:
+        raise bad_value("optimize", optimize, "a dict with `native_peak_mb` or `memory_budget_mb`, not both",
+                        "Give the native peak (the budget is derived from it) or the budget itself.")
+    for key in ("native_peak_mb", "memory_budget_mb"):
+        value = optimize.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            raise bad_value(f"optimize[{key!r}]", value, "a number of MB >= 0" + (" or None" if key ==
+                            "memory_budget_mb" else ""), f"e.g. optimize={{'{key}': 1200}}.")
+    if "measure" in optimize:
+        check_bool("optimize['measure']", optimize["measure"])
+    return dict(optimize)
+
+
 def _check_optimizer(optimizer: Any) -> None:
     params = getattr(optimizer, "parameters", None)
     if not callable(optimizer) or params is None or len(params) == 0:
@@ -92,7 +119,12 @@ class TrainStep:
         debug: on the first call, print each stage's shapes and dtypes (inputs, loss, aux, gradient
             norms per parameter group, loss scale) from the host, once; the step's results are unchanged.
         optimize: run the composed-operator pass (`mindstep.optimize`) on the networks at the first
-            call's shapes, before compiling; `step.optimize_report` holds the decision table.
+            call's shapes, before compiling; `step.optimize_report` holds the decision table and
+            `step.optimize_budget_mb` the memory budget it kept to. `True` uses the default budget
+            (`mindstep.optimize.pass_.budget_mb`: a quarter of the native step's peak, with the
+            process's memory before the pass standing in for it); a dict sets
+            `native_peak_mb` (the native step's measured peak, e.g. from `mindstep bench`), or
+            `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir` and `measure`.
 
     Returns:
         A callable: `step(*batch) -> dict` of metrics; `float(m["loss"])` works.
@@ -128,7 +160,7 @@ class TrainStep:
         check_bool("jit", jit)
         check_bool("guards", guards)
         check_bool("debug", debug)
-        check_bool("optimize", optimize)
+        optimize = _check_optimize(optimize)
         check_choice("compiler", compiler, _compile.COMPILERS,
                      "Use 'cell' (GRAPH_MODE Cell, the default) or 'function' (mindspore.jit).")
         if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -197,6 +229,7 @@ class TrainStep:
         self.optimize = optimize
         self.optimize_report = None
         self.optimize_s = 0.0
+        self.optimize_budget_mb = None
 
     @classmethod
     def from_net(cls, net: nn.Cell, loss_fn: Callable, optimizer: Any, **kwargs) -> "TrainStep":
@@ -259,12 +292,19 @@ class TrainStep:
             raise ValueError("step(*batch) needs at least one batch element, but got none. "
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
-        if self.optimize and self.optimize_report is None:
-            from .optimize.pass_ import record_conv_inputs, rewrite
+        if self.optimize is not None and self.optimize_report is None:
+            from .optimize.pass_ import budget_mb, record_conv_inputs, rewrite, rss_mb
 
             t0 = time.perf_counter()
+            opts = self.optimize
+            before = rss_mb()
             shapes = record_conv_inputs(self._nets, lambda: self.forward(*tensors))
-            self.optimize_report = rewrite(self._nets, shapes)
+            if "memory_budget_mb" in opts:
+                self.optimize_budget_mb = opts["memory_budget_mb"]
+            else:
+                self.optimize_budget_mb = budget_mb(before, rss_mb(), opts.get("native_peak_mb"))
+            self.optimize_report = rewrite(self._nets, shapes, memory_budget_mb=self.optimize_budget_mb,
+                                           cache_dir=opts.get("cache_dir"), measure=opts.get("measure", True))
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self._runner.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True

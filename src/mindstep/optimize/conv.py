@@ -117,6 +117,7 @@ class _ConvFn(nn.Cell):
         self.ho = (hp - self.dh * (self.kh - 1) - 1) // self.sh + 1
         self.wo = (wp - self.dw * (self.kw - 1) - 1) // self.sw + 1
         pre, self.unfold_pad = _split_pads(pads)
+        self.xp_hw = (h + pre[0] + pre[1], w + pre[2] + pre[3])  # after explicit padding
         self.pre_needed = pre != (0, 0, 0, 0)
         self.pre_pad = _pad_op(pre)
         # input gradient: dY dilated by the stride (zh x zw), padded so that the correlation yields
@@ -133,6 +134,7 @@ class _ConvFn(nn.Cell):
         else:
             z_pads, (self.dxh, self.dxw) = exact, (h, w)
         z_pre, self.z_unfold_pad = _split_pads(z_pads)
+        self.zp_hw = (self.zh + z_pre[0] + z_pre[1], self.zw + z_pre[2] + z_pre[3])  # after explicit padding
         self.z_pre_needed = z_pre != (0, 0, 0, 0)
         self.z_pad = _pad_op(z_pre)
         self.strided = self.sh > 1 or self.sw > 1

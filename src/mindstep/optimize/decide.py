@@ -23,7 +23,7 @@ from .conv import FORMS, GemmConv2d, conv_pads
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-6"
+FORMULATION = "gemmconv-7"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -57,27 +57,44 @@ def key(device: str, conv: nn.Conv2d, shape: tuple, dtype) -> str:
 
 
 def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
-    """Estimated extra memory (MB, fp32) of a composed form over the native layer.
+    """Extra memory (MB, fp32) a composed form keeps over the native layer during a training step.
 
-    Both forms hold the im2col columns of x (forward and weight gradient) and of the padded output
-    gradient (input gradient). `batched` also broadcasts W across the batch; `one-gemm` also
-    materialises a transposed copy of the columns and of the output.
+    MindSpore 2.10 keeps the temporaries of a Cell with a custom bprop alive until the step ends
+    (measured on CPU: a chain of 3 composed layers held 3x one layer's temporaries, forward and
+    backward; tests/test_optimize.py checks the estimate against that measurement), so the estimate
+    is the sum of the layer's temporaries, read off `_ConvFn`'s geometry: the forward's columns and
+    GEMM operands, the recomputed columns and the weight-gradient GEMM's operands, the stride-dilated
+    and padded output gradient, the flipped/transposed kernel, and the input gradient's columns and
+    GEMM outputs. Stride-1 1x1 layers are a plain matmul (MindSpore's own autodiff; ~0).
     """
     n, c, h, w = shape
-    kh, kw = conv.kernel_size
-    k = conv.out_channels
-    if (kh, kw) == (1, 1) and conv.stride == (1, 1):
+    layer = GemmConv2d(conv, (h, w), form)
+    if layer.pointwise:
         return 0.0
-    t, b, l, r = conv_pads(conv, h, w)
-    ho = (h + t + b - conv.dilation[0] * (kh - 1) - 1) // conv.stride[0] + 1
-    wo = (w + l + r - conv.dilation[1] * (kw - 1) - 1) // conv.stride[1] + 1
-    cols_x = n * c * kh * kw * ho * wo
-    cols_dy = n * k * kh * kw * (h + t + b) * (w + l + r)
-    if form == "one-gemm":
-        extra = cols_x + cols_dy + n * k * ho * wo
-    else:
-        extra = n * k * c * kh * kw * 2  # W and its flipped transpose, broadcast over the batch
-    return 4.0 * (cols_x + cols_dy + extra) / 2**20
+    fn = layer.fn
+    k, kk = conv.out_channels, fn.kh * fn.kw
+    l, ldx = fn.ho * fn.wo, fn.dxh * fn.dxw
+    one = form == "one-gemm"
+    # forward: the columns (one-gemm: and their transpose, and the transposed output; batched: the
+    # kernel broadcast over the batch) -- kept too, measured in a chain of composed layers
+    total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
+    if fn.pre_needed:
+        total += n * c * fn.xp_hw[0] * fn.xp_hw[1]            # explicitly padded x
+    total += n * c * kk * l                                   # backward: recomputed columns of x
+    if fn.pre_needed:
+        total += n * c * fn.xp_hw[0] * fn.xp_hw[1]            # explicitly padded x
+    total += (k * n * l + c * kk * n * l) if one else n * k * c * kk  # dW: transposed operands / per-sample products
+    total += k * c * kk                                       # dW
+    if fn.strided:
+        total += n * k * fn.ho * fn.sh * fn.wo * fn.sw + n * k * fn.zh * fn.zw  # zero-inserted dY, cropped
+    if fn.z_pre_needed:
+        total += n * k * fn.zp_hw[0] * fn.zp_hw[1]            # padded dY
+    total += 2 * k * c * kk                                   # flipped, transposed kernel
+    total += n * k * kk * ldx * (2 if one else 1)             # dX columns (one-gemm: and their transpose)
+    total += 2 * n * c * ldx if one else n * c * k * kk + n * c * ldx  # dX GEMM (batched: broadcast kernel)
+    if fn.cropped:
+        total += n * c * h * w
+    return 4.0 * total / 2**20
 
 
 def choose(times: dict, memory: dict) -> str:

@@ -5,7 +5,7 @@ import mindspore as ms
 from mindspore import nn
 
 from .._probe import probe_forward
-from .._errors import bad_type
+from .._errors import bad_type, bad_value
 from . import decide
 from .conv import GemmConv2d, supported
 
@@ -31,13 +31,54 @@ def _replace(root: nn.Cell, name: str, new: nn.Cell) -> None:
         parent.cell_list = list(parent._cells.values())
 
 
+PEAK_RATIO = 1.25  # the composed forms may add at most a quarter of the native step's peak memory
+
+
+def rss_mb() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def budget_mb(rss_before_probe: float, rss_after_probe: float, native_peak_mb: float | None = None) -> float:
+    """The memory the composed forms may keep: (PEAK_RATIO - 1) x the native step's peak, less what
+    the shape probe itself took.
+
+    The native step's peak is `native_peak_mb` when known (e.g. measured by `mindstep bench`'s `jit`
+    row); otherwise the memory this process held before the probe stands in for it, which is
+    conservative (the native step's peak is higher: it adds compiling, activations and gradients).
+    """
+    reference = native_peak_mb if native_peak_mb is not None else rss_before_probe
+    return max(0.0, (PEAK_RATIO - 1.0) * reference - max(0.0, rss_after_probe - rss_before_probe))
+
+
+def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
+    """Within `budget_mb` of estimated extra memory, keep the rewrites that save the most time per MB;
+    the others go back to native, with the reason in their row."""
+    chosen = [r for r in rows if r["choice"] != "native"]
+    total = sum(r["extra_mb"] for r in chosen)
+    if budget_mb is None or total <= budget_mb:
+        return
+    chosen.sort(key=lambda r: (r["native_ms"] - r["gemm_ms"]) / max(r["extra_mb"], 1e-3))
+    for r in chosen:
+        if total <= budget_mb:
+            break
+        total -= r["extra_mb"]
+        r.update(choice="native", reason=f"over the memory budget ({budget_mb:.0f} MB): {r['choice']} would keep "
+                 f"{r['extra_mb']:.1f} MB to save {r['native_ms'] - r['gemm_ms']:.1f} ms; " + r["reason"],
+                 extra_mb=0.0)
+
+
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
-            measure: bool = True) -> list[dict]:
-    """Decide and rewrite every Conv2d whose input shape is known; return the decision table."""
+            measure: bool = True, memory_budget_mb: float | None = None) -> list[dict]:
+    """Decide and rewrite every Conv2d whose input shape is known; return the decision table.
+
+    `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap).
+    """
     device = device or ms.get_context("device_target")
     path = decide.cache_path(cache_dir)
     cache = decide.load_cache(path)
-    table, dirty = [], False
+    table, dirty, todo = [], False, []
     for net in nets:
         for name, cell in list(net.cells_and_names()):
             if not isinstance(cell, nn.Conv2d) or id(cell) not in shapes:
@@ -52,24 +93,31 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                 row.update(choice="native", reason=f"native convolutions are fast on {device}")
             else:
                 k = decide.key(device, cell, shape, dtype)
-                if k not in cache and measure:
+                cached = k in cache
+                if not cached and measure:
                     cache[k] = decide.measure(cell, shape, dtype)
                     dirty = True
                 found = cache.get(k)
                 if found is None:
                     row.update(choice="native", reason="not measured (measure=False) and not in the cache")
                 else:
-                    row.update({**found, "cached": not dirty or k in cache})
-            if row["choice"] != "native":
-                _replace(net, name, GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
+                    row.update({**found, "cached": cached})
+                    # memory is computed from the shapes (not cached), timings are measured
+                    row["extra_mb"] = round(decide.extra_mb(cell, shape, row["choice"]), 1) \
+                        if row["choice"] != "native" else 0.0
             table.append(row)
+            todo.append((net, name, cell, shape, row))
     if dirty:
         decide.save_cache(path, cache)
+    apply_budget(table, memory_budget_mb)
+    for net, name, cell, shape, row in todo:
+        if row["choice"] != "native":
+            _replace(net, name, GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
     return table
 
 
 def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_dir: str | None = None,
-             measure: bool = True) -> list[dict]:
+             measure: bool = True, memory_budget_mb="auto") -> list[dict]:
     """Rewrite `net`'s layers, in place, into the faster formulation measured for this device.
 
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
@@ -85,6 +133,10 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         device: 'CPU', 'GPU' or 'Ascend'; default: MindSpore's current device target.
         cache_dir: where `decisions.json` lives (default `$MINDSTEP_CACHE_DIR` or ~/.cache/mindstep).
         measure: measure shapes missing from the cache (else leave them native).
+        memory_budget_mb: cap on the summed extra memory the composed forms keep during a step
+            (estimated from the shapes, see `decide.extra_mb`); over it, the rewrites saving the least
+            time per MB go back to native. "auto" (default): `budget_mb` with this process's memory
+            standing in for the native step's peak (conservative); None: no cap; or a number of MB.
 
     Returns:
         The decision table: one dict per Conv2d with `layer`, `config`, `input`, `choice`,
@@ -98,9 +150,17 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         raise bad_type("net", net, "a mindspore.nn.Cell", "Pass the network to rewrite.")
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
+    if memory_budget_mb != "auto" and memory_budget_mb is not None and (isinstance(memory_budget_mb, bool) or
+                                           not isinstance(memory_budget_mb, (int, float)) or memory_budget_mb < 0):
+        raise bad_value("memory_budget_mb", memory_budget_mb, '"auto", None or a number of MB >= 0',
+                        'Pass e.g. memory_budget_mb=500, or None for no cap.')
     inputs = tuple(x if isinstance(x, ms.Tensor) else ms.Tensor(x) for x in example_inputs)
+    before = rss_mb()
     shapes = record_conv_inputs([net], lambda: net(*inputs))
-    return rewrite([net], shapes, device=device, cache_dir=cache_dir, measure=measure)
+    if memory_budget_mb == "auto":
+        memory_budget_mb = budget_mb(before, rss_mb())
+    return rewrite([net], shapes, device=device, cache_dir=cache_dir, measure=measure,
+                   memory_budget_mb=memory_budget_mb)
 
 
 def render(table: list[dict]) -> str:
