@@ -10,7 +10,7 @@ from mindspore import nn
 
 from mindstep import TrainStep
 from mindstep.optimize import GemmConv2d, optimize
-from mindstep.optimize.conv import conv_pads
+from mindstep.optimize.conv import conv_pads, forms_for
 from mindstep.optimize.pass_ import record_conv_inputs, rewrite
 
 GRID = [
@@ -50,12 +50,16 @@ def grads_of(layer, x, r):
     return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dps]
 
 
-@pytest.mark.parametrize("form", ["batched", "one-gemm"])
+@pytest.mark.parametrize("form", ["batched", "one-gemm", "batched+phases", "one-gemm+phases"])
 @pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c[0]}-{c[1]}-k{c[2]}-s{c[3]}-{c[4]}{c[5]}-d{c[6]}-b{int(c[7])}-{c[8]}px")
 @pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
 def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, graph):
     *conf, hw = case
     conv = make_conv(*conf)
+    if form not in forms_for(conv) and form.endswith("+phases"):
+        with pytest.raises(ValueError, match="phases"):
+            GemmConv2d(conv, (hw, hw), form)
+        return
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((3, conf[0], hw, hw)).astype(np.float32))
     gemm = GemmConv2d(conv, (hw, hw), form)
@@ -78,11 +82,14 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
 
 def test_input_gradient_uses_exact_padding_unless_padding_exceeds_the_kernel():
     # the grid above covers both branches; this pins which layers take which
-    def fn(k, s, pad, hw):
-        return GemmConv2d(make_conv(4, 6, k, s, "pad", pad, 1, False), (hw, hw)).fn
+    def fn(k, s, pad, hw, form="batched"):
+        return GemmConv2d(make_conv(4, 6, k, s, "pad", pad, 1, False), (hw, hw), form).fn
     assert not fn(3, 1, 1, 8).cropped and (fn(3, 1, 1, 8).dxh, fn(3, 1, 1, 8).dxw) == (8, 8)
     assert not fn(3, 2, 1, 8).cropped
     assert fn(1, 1, 1, 5).cropped and fn(3, 2, 3, 7).cropped
+    # strided, undilated layers compute dX by stride phases (the 1x1 stride-2 one: 3 of 4 phases empty)
+    assert fn(3, 2, 1, 8, "one-gemm+phases").by_phase and not fn(3, 2, 1, 8, "one-gemm").by_phase
+    assert [type(p).__name__ for p in fn(1, 2, 0, 8, "batched+phases").phases] == ["_PhaseGrad"] + ["_PhaseZero"] * 3
 
 
 def test_rewrite_keeps_parameter_identity_order_and_names(tmp_path):
@@ -146,7 +153,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-7|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-9|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
@@ -291,17 +298,18 @@ print(json.dumps((psutil.Process().memory_info().rss - before) / 2**20))
 """
 
 
-@pytest.mark.parametrize("form, stride, hw, channels, batch", [("one-gemm", 1, 8, 64, 256), ("batched", 2, 32, 32, 64)])
+@pytest.mark.parametrize("form, stride, hw, channels, batch", [("one-gemm", 1, 8, 64, 256), ("batched", 2, 32, 32, 64),
+                                                               ("one-gemm+phases", 2, 32, 32, 64)])
 def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch):
     """The budget rests on a measured MindSpore 2.10 behaviour: a custom bprop Cell's temporaries may
     stay alive for the whole step, so a composed layer adds at most its temporaries (decide.extra_mb).
     Measured here: the growth from 1 to 3 chained layers stays under the estimate for layers 2 and 3
     (how much MindSpore actually keeps varies: measured 457 of 473 MB estimated for the one-gemm
-    stride-1 chain, 22 of 59 MB for the batched stride-2 chain)."""
+    stride-1 chain, 22 of 89 MB for the batched stride-2 chain, 67 of 137 MB with stride phases)."""
     import subprocess
     import sys
 
-    from mindstep.optimize.decide import extra_mb
+    from mindstep.optimize.decide import config_mb, extra_mb
 
     script = tmp_path / "retained.py"
     script.write_text(_RETAINED)
@@ -313,5 +321,7 @@ def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, f
         assert out.returncode == 0, out.stderr[-2000:]
         grow[layers] = json.loads(out.stdout.strip().splitlines()[-1])
     conv = nn.Conv2d(channels, channels, 3, stride, pad_mode="pad", padding=1)
-    estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) for i in (1, 2))
+    # layers 2 and 3 see new input sizes: with a stride, each is a configuration of its own
+    estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) +
+                   (config_mb(conv, form) if stride > 1 else 0.0) for i in (1, 2))
     assert grow[3] - grow[1] <= 1.1 * estimate, (grow, estimate)

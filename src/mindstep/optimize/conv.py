@@ -20,7 +20,17 @@ from mindspore import nn, ops
 from mindspore.ops.operations.array_ops import Im2Col
 
 
-FORMS = ("batched", "one-gemm")
+# "+phases": strided, undilated layers compute the input gradient by stride phases (see _PhaseGrad)
+FORMS = ("batched", "one-gemm", "batched+phases", "one-gemm+phases")
+
+
+def forms_for(conv) -> tuple:
+    """The composed forms that apply to this layer (phases only for strided, undilated layers)."""
+    if conv.kernel_size == (1, 1) and conv.stride == (1, 1):
+        return ("batched",)  # a plain matmul either way
+    if max(conv.stride) > 1 and conv.dilation == (1, 1):
+        return FORMS
+    return FORMS[:2]
 _BMM_NT = ops.BatchMatMul(transpose_b=True)
 _MM = ops.MatMul()
 _MM_NT = ops.MatMul(transpose_b=True)
@@ -99,13 +109,64 @@ def _correlate(im2col, xp, w2, ho, wo, one_gemm):
     return _RESHAPE(ops.matmul(w2, cols), (n, k, ho, wo))
 
 
+class _PhaseGrad(nn.Cell):
+    """One stride phase of a strided convolution's input gradient (see `_ConvFn`).
+
+    The input positions j = phase + s*m receive only the kernel taps i = phase + s*a, so their
+    gradient is a stride-1 correlation of dY with that sub-kernel, flipped and channel-transposed.
+    Computing the s*s phases separately needs s*s times fewer columns than correlating a zero-inserted
+    dY, and no zero insertion.
+    """
+
+    def __init__(self, phase_h, phase_w, stride, taps_hw, dy_pads, out_hw, one_gemm):
+        super().__init__()
+        self.ph, self.pw = phase_h, phase_w
+        self.sh, self.sw = stride
+        self.mh, self.mw = out_hw
+        self.one_gemm = one_gemm
+        self.pad = ops.Pad(((0, 0), (0, 0), (dy_pads[0], dy_pads[1]), (dy_pads[2], dy_pads[3])))
+        self.im2col = Im2Col(ksizes=taps_hw, strides=(1, 1), dilations=(1, 1), pads=(0, 0))
+
+    def construct(self, dout, w):
+        sub = w[:, :, self.ph::self.sh, self.pw::self.sw]
+        wf = _RESHAPE(_TRANSPOSE(_FLIP_HW(sub), (1, 0, 2, 3)), (w.shape[1], -1))
+        return _correlate(self.im2col, self.pad(dout), wf, self.mh, self.mw, self.one_gemm)
+
+
+class _PhaseZero(nn.Cell):
+    """A stride phase that no kernel tap reaches (e.g. the odd positions of a 1x1 stride-2 conv)."""
+
+    def __init__(self, out_hw):
+        super().__init__()
+        self.mh, self.mw = out_hw
+
+    def construct(self, dout, w):
+        return ops.zeros((dout.shape[0], w.shape[1], self.mh, self.mw), dout.dtype)
+
+
+def _phase_cells(kernel, stride, ho_wo, padded_hw, one_gemm):
+    """The s_h*s_w phase cells, row-major, and the per-phase output size (ceil(Hp/s), ceil(Wp/s))."""
+    (kh, kw), (sh, sw), (ho, wo), (hp, wp) = kernel, stride, ho_wo, padded_hw
+    mh, mw = -(-hp // sh), -(-wp // sw)
+    cells = []
+    for ph in range(sh):
+        for pw in range(sw):
+            th, tw = len(range(ph, kh, sh)), len(range(pw, kw, sw))
+            if th == 0 or tw == 0:
+                cells.append(_PhaseZero((mh, mw)))
+            else:
+                pads = (th - 1, mh - ho, tw - 1, mw - wo)
+                cells.append(_PhaseGrad(ph, pw, stride, (th, tw), pads, (mh, mw), one_gemm))
+    return cells, (mh, mw)
+
+
 class _ConvFn(nn.Cell):
     """y = conv(x, w) with a hand-written backward; parameter-free so gradients flow to w as an input.
 
     Every shape-dependent choice (pads, output size, crops) is fixed here on the host.
     """
 
-    def __init__(self, kernel, stride, dilation, pads, input_hw, one_gemm: bool):
+    def __init__(self, kernel, stride, dilation, pads, input_hw, one_gemm: bool, by_phase: bool = False):
         super().__init__()
         self.kh, self.kw = kernel
         self.sh, self.sw = stride
@@ -145,6 +206,14 @@ class _ConvFn(nn.Cell):
         self.z_im2col = Im2Col(ksizes=(self.kh, self.kw), strides=(1, 1), dilations=(self.dh, self.dw),
                                pads=_pair(self.z_unfold_pad))
         self.crop = (t, t + h, l, l + w)
+        # strided, undilated (the "+phases" forms): the input gradient by stride phases (no zero
+        # insertion, s*s fewer columns; more, smaller GEMMs, so it is measured against the other form)
+        self.by_phase = by_phase
+        if self.by_phase:
+            cells, (self.mh, self.mw) = _phase_cells(kernel, stride, (self.ho, self.wo), (hp, wp), one_gemm)
+            self.phases = nn.CellList(cells)
+            self.stack_w = ops.Stack(axis=-1)
+            self.stack_h = ops.Stack(axis=3)
 
     def _pre(self, x):
         if self.pre_needed:
@@ -170,6 +239,8 @@ class _ConvFn(nn.Cell):
             # materialised transposes of the (large) column matrix (best at large spatial sizes)
             dw = _SUM(_BMM_NT(_RESHAPE(dout, (n, k, l)), cols), 0)
         dw = _RESHAPE(dw, w.shape)
+        if self.by_phase:
+            return self._dx_by_phase(dout, w, n, c), dw
         z = dout
         if self.strided:
             z = self.dilate(_RESHAPE(dout, (n, k, self.ho, 1, self.wo, 1)))
@@ -181,6 +252,18 @@ class _ConvFn(nn.Cell):
         if self.cropped:
             dx = dx[:, :, self.crop[0]:self.crop[1], self.crop[2]:self.crop[3]]
         return dx, dw
+
+
+    def _dx_by_phase(self, dout, w, n, c):
+        outs = ()
+        for cell in self.phases:
+            outs = outs + (cell(dout, w),)
+        rows = ()
+        for i in range(self.sh):
+            row = self.stack_w(outs[i * self.sw:(i + 1) * self.sw])         # (n, c, mh, mw, sw)
+            rows = rows + (_RESHAPE(row, (n, c, self.mh, self.mw * self.sw)),)
+        dxp = _RESHAPE(self.stack_h(rows), (n, c, self.mh * self.sh, self.mw * self.sw))  # interleaved
+        return dxp[:, :, self.crop[0]:self.crop[1], self.crop[2]:self.crop[3]]
 
 
 _FNS: dict = {}
@@ -210,8 +293,9 @@ class GemmConv2d(nn.Cell):
 
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched"):
         super().__init__(auto_prefix=False)
-        if form not in FORMS:
-            raise ValueError(f"`form` must be one of {FORMS}, but got {form!r}.")
+        if form not in forms_for(conv) and not (form in FORMS[:2] and forms_for(conv) == ("batched",)):
+            raise ValueError(f"`form` must be one of {forms_for(conv)} for this layer, but got {form!r} "
+                             "(the '+phases' forms need a stride > 1 and no dilation).")
         self.form = form
         if conv.group != 1:
             raise ValueError(f"GemmConv2d rewrites group=1 convolutions only; this one has group={conv.group}.")
@@ -227,7 +311,8 @@ class GemmConv2d(nn.Cell):
         # StridedSliceGrad bug in MindSpore 2.10 ("input memory out of bounds")
         self.pointwise = conv.kernel_size == (1, 1) and pads == (0, 0, 0, 0) and conv.stride == (1, 1)
         self.fn = None if self.pointwise else _conv_fn(conv.kernel_size, conv.stride, conv.dilation, pads,
-                                                        tuple(input_hw), form == "one-gemm")
+                                                        tuple(input_hw), form.startswith("one-gemm"),
+                                                        form.endswith("+phases"))
 
     def construct(self, x):
         if self.pointwise:

@@ -19,11 +19,11 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import FORMS, GemmConv2d, conv_pads
+from .conv import GemmConv2d, conv_pads, forms_for
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-7"
+FORMULATION = "gemmconv-9"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -74,7 +74,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     fn = layer.fn
     k, kk = conv.out_channels, fn.kh * fn.kw
     l, ldx = fn.ho * fn.wo, fn.dxh * fn.dxw
-    one = form == "one-gemm"
+    one = form.startswith("one-gemm")
     # forward: the columns (one-gemm: and their transpose, and the transposed output; batched: the
     # kernel broadcast over the batch) -- kept too, measured in a chain of composed layers
     total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
@@ -85,6 +85,20 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
         total += n * c * fn.xp_hw[0] * fn.xp_hw[1]            # explicitly padded x
     total += (k * n * l + c * kk * n * l) if one else n * k * c * kk  # dW: transposed operands / per-sample products
     total += k * c * kk                                       # dW
+    if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
+        m = fn.mh * fn.mw
+        for ph in range(fn.sh):
+            for pw in range(fn.sw):
+                th, tw = len(range(ph, fn.kh, fn.sh)), len(range(pw, fn.kw, fn.sw))
+                taps = th * tw
+                if taps == 0:
+                    total += n * c * m
+                    continue
+                total += n * k * (fn.ho + fn.mh - fn.ho + th - 1) * (fn.wo + fn.mw - fn.wo + tw - 1)
+                total += 3 * k * c * taps + n * k * taps * m * (2 if one else 1)
+                total += 2 * n * c * m if one else n * c * k * taps + n * c * m
+        total += 2 * n * c * m * fn.sh * fn.sw + n * c * h * w  # two stacks, the crop
+        return 4.0 * total / 2**20
     if fn.strided:
         total += n * k * fn.ho * fn.sh * fn.wo * fn.sw + n * k * fn.zh * fn.zw  # zero-inserted dY, cropped
     if fn.z_pre_needed:
@@ -95,6 +109,21 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     if fn.cropped:
         total += n * c * h * w
     return 4.0 * total / 2**20
+
+
+# Compile-time memory of one distinct composed configuration (each `_ConvFn` instance is compiled into
+# graphs of its own; layers sharing a configuration share them). Measured on CPU with 8 stride-2
+# layers of one configuration under ms.grad: native 35 MB, composed 49 MB, composed with phases 72 MB.
+CONFIG_MB = 15.0
+PHASE_MB = 6.0  # per stride phase cell
+
+
+def config_mb(conv: nn.Conv2d, form: str) -> float:
+    """Compile-time memory of the first layer of a configuration in `form` (see CONFIG_MB)."""
+    if form == "native" or conv.kernel_size == (1, 1) and conv.stride == (1, 1):
+        return 0.0
+    phases = conv.stride[0] * conv.stride[1] if form.endswith("+phases") else 0
+    return CONFIG_MB + PHASE_MB * phases
 
 
 def choose(times: dict, memory: dict) -> str:
@@ -141,7 +170,7 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype) -> dict:
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
     times = {"native": time_layer(conv, x)}
-    forms = ("batched",) if conv.kernel_size == (1, 1) and conv.stride == (1, 1) else FORMS
+    forms = forms_for(conv)
     for form in forms:
         times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x)
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}

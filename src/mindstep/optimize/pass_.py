@@ -78,7 +78,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
     device = device or ms.get_context("device_target")
     path = decide.cache_path(cache_dir)
     cache = decide.load_cache(path)
-    table, dirty, todo = [], False, []
+    table, dirty, todo, configs = [], False, [], set()
     for net in nets:
         for name, cell in list(net.cells_and_names()):
             if not isinstance(cell, nn.Conv2d) or id(cell) not in shapes:
@@ -102,9 +102,17 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                     row.update(choice="native", reason="not measured (measure=False) and not in the cache")
                 else:
                     row.update({**found, "cached": cached})
-                    # memory is computed from the shapes (not cached), timings are measured
-                    row["extra_mb"] = round(decide.extra_mb(cell, shape, row["choice"]), 1) \
-                        if row["choice"] != "native" else 0.0
+                    # memory is computed from the shapes (not cached), timings are measured; the first
+                    # layer of each composed configuration also carries its compile-time memory
+                    if row["choice"] != "native":
+                        fn = GemmConv2d(cell, (shape[2], shape[3]), row["choice"]).fn
+                        extra = decide.extra_mb(cell, shape, row["choice"])
+                        if fn is not None and id(fn) not in configs:
+                            configs.add(id(fn))
+                            extra += decide.config_mb(cell, row["choice"])
+                        row["extra_mb"] = round(extra, 1)
+                    else:
+                        row["extra_mb"] = 0.0
             table.append(row)
             todo.append((net, name, cell, shape, row))
     if dirty:
