@@ -213,17 +213,18 @@ def _row(name, native_ms, gemm_ms, extra_mb, choice="one-gemm"):
 
 
 def test_memory_budget_keeps_the_rewrites_that_save_most_time_per_mb():
+    from mindstep.optimize.decide import RETAINED
     from mindstep.optimize.pass_ import apply_budget
 
     rows = [_row("a", 100, 10, 10), _row("b", 50, 40, 30), _row("c", 60, 10, 20), _row("n", 5, 9, 0, "native")]
     apply_budget(rows, None)
     assert [r["choice"] for r in rows] == ["one-gemm", "one-gemm", "one-gemm", "native"]
-    apply_budget(rows, 60)  # 60 MB fit: nothing changes
+    apply_budget(rows, 60 * RETAINED)  # the expected 60 MB fit: nothing changes
     assert sum(r["extra_mb"] for r in rows) == 60
-    apply_budget(rows, 35)  # b saves 10 ms for 30 MB: the worst ratio goes first, then it fits
+    apply_budget(rows, 35 * RETAINED)  # b saves 10 ms for 30 MB: the worst ratio goes first, then it fits
     assert [r["choice"] for r in rows] == ["one-gemm", "native", "one-gemm", "native"]
-    assert rows[1]["extra_mb"] == 0 and "over the memory budget (35 MB)" in rows[1]["reason"]
-    assert sum(r["extra_mb"] for r in rows) <= 35
+    assert rows[1]["extra_mb"] == 0 and "over the memory budget" in rows[1]["reason"]
+    assert RETAINED * sum(r["extra_mb"] for r in rows) <= 35 * RETAINED
     apply_budget(rows, 0)
     assert all(r["choice"] == "native" for r in rows)
 

@@ -53,19 +53,24 @@ def budget_mb(rss_before_probe: float, rss_after_probe: float, native_peak_mb: f
 
 
 def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
-    """Within `budget_mb` of estimated extra memory, keep the rewrites that save the most time per MB;
-    the others go back to native, with the reason in their row."""
+    """Within `budget_mb` of expected extra memory, keep the rewrites that save the most time per MB;
+    the others go back to native, with the reason in their row.
+
+    A row's `extra_mb` is the upper-bound estimate of `decide.extra_mb`; a whole training step keeps
+    about `decide.RETAINED` of it (MindSpore reuses part of the temporaries), so that is what is
+    counted against the budget.
+    """
     chosen = [r for r in rows if r["choice"] != "native"]
-    total = sum(r["extra_mb"] for r in chosen)
+    total = decide.RETAINED * sum(r["extra_mb"] for r in chosen)
     if budget_mb is None or total <= budget_mb:
         return
     chosen.sort(key=lambda r: (r["native_ms"] - r["gemm_ms"]) / max(r["extra_mb"], 1e-3))
     for r in chosen:
         if total <= budget_mb:
             break
-        total -= r["extra_mb"]
+        total -= decide.RETAINED * r["extra_mb"]
         r.update(choice="native", reason=f"over the memory budget ({budget_mb:.0f} MB): {r['choice']} would keep "
-                 f"{r['extra_mb']:.1f} MB to save {r['native_ms'] - r['gemm_ms']:.1f} ms; " + r["reason"],
+                 f"up to {r['extra_mb']:.1f} MB to save {r['native_ms'] - r['gemm_ms']:.1f} ms; " + r["reason"],
                  extra_mb=0.0)
 
 
