@@ -95,6 +95,8 @@ def test_outputs_markdown_and_png(small_report, tmp_path):
     pytest.param(["--modes", "jit,warp"], ["`modes`", "'warp'", "'pynative'"], id="bad-mode"),
     pytest.param(["--modes", "jit,jit"], ["`modes`", "without repeats"], id="repeat-mode"),
     pytest.param(["--model", "vgg"], ["`model`", "'vgg'", "'resnet50'"], id="bad-model"),
+    pytest.param(["--opt-memory-budget", "lots"], ["`opt_memory_budget`", "'none'"], id="bad-budget"),
+    pytest.param(["--opt-memory-budget", "-3"], ["`opt_memory_budget`", ">= 0"], id="negative-budget"),
     pytest.param(["--image-size", "4"], ["`image_size`", "4"], id="tiny-image"),
 ])
 def test_bad_bench_flags_exit_2_with_the_reason(argv, words, capsys):
@@ -155,3 +157,11 @@ def test_jit_opt_decisions_are_measured_in_a_process_of_their_own_and_budgeted_f
     # a quarter of the jit row's measured peak, less what the shape probe took
     assert row["settings"]["memory_budget_from"] == "the jit row's peak"
     assert 0 <= row["settings"]["memory_budget_mb"] <= 0.25 * jit["peak_mem_mb"] + 0.1
+
+
+def test_opt_memory_budget_none_lifts_the_cap(tmp_path):
+    cfg = runner.BenchConfig(model="mlp", modes=("jit-opt",), batch_size=4, steps=1, warmup=1,
+                             opt_memory_budget="none", extra_env={"MINDSTEP_CACHE_DIR": str(tmp_path)})
+    row = runner.run(cfg)["results"][0]
+    assert row["status"] == "ok"
+    assert row["settings"]["memory_budget_mb"] is None and row["settings"]["memory_budget_from"] == "no cap"

@@ -32,7 +32,7 @@ def _cmd_bench(args) -> int:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     cfg = runner.BenchConfig(model=args.model, modes=modes, batch_size=args.batch_size, image_size=args.image_size,
                              seq_len=args.seq_len, steps=args.steps, warmup=args.warmup,
-                             features=args.all_features,
+                             features=args.all_features, opt_memory_budget=args.opt_memory_budget,
                              profile_dir=os.path.join(args.out or "bench-out", "profile") if args.profile else None)
     try:
         cfg.validate()
@@ -61,8 +61,11 @@ def _cmd_bench(args) -> int:
         for r in result["results"]:
             table = (r.get("settings") or {}).get("optimize_report")
             if table:
-                print(f"composed-operator pass, mode {r['mode']} ({r['settings'].get('optimize_s')} s, "
-                      f"{r['settings'].get('rewritten')} rewritten):")
+                st = r["settings"]
+                budget = st.get("memory_budget_mb")
+                shown = "no cap" if budget is None else f"{budget} MB, from {st.get('memory_budget_from')}"
+                print(f"composed-operator pass, mode {r['mode']} ({st.get('optimize_s')} s, "
+                      f"{st.get('rewritten')} rewritten; memory budget {shown}):")
                 print(render(table))
     if cfg.profile_dir:
         for mode in cfg.modes:
@@ -137,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_positive, default=1, help="untimed steps first (the first one compiles)")
     p.add_argument("--all-features", action="store_true",
                    help="mindstep modes with dynamic loss scale, accumulate=2, clip_grad_norm=1, ema=0.999")
+    p.add_argument("--opt-memory-budget", default="jit", metavar="jit|none|MB",
+                   help="jit-opt's memory budget for composed layers: 'jit' (default: a quarter of the jit row's "
+                        "peak, the 1.25x target), 'none' (no cap: fastest), or a number of MB")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR", help="write report.md and bench.png here")
     p.add_argument("--profile", action="store_true", help="profile the timed steps, print the top-10 ops")

@@ -34,7 +34,8 @@ def make_optimizer(net):
     return nn.Momentum(net.trainable_params(), 0.01, 0.9)
 
 
-def build(mode: str, net, loss_fn, *, features: bool = False, native_peak_mb: float | None = None):
+def build(mode: str, net, loss_fn, *, features: bool = False, native_peak_mb: float | None = None,
+          memory_budget_mb="default"):
     """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss."""
     device = ms.get_context("device_target")
     extra = dict(FEATURES) if features else {}
@@ -52,7 +53,10 @@ def build(mode: str, net, loss_fn, *, features: bool = False, native_peak_mb: fl
         opt = make_optimizer(net)
         # the memory budget is a quarter of the native step's peak: measured (the bench's jit row)
         # when given, else the pass's conservative default
-        optimize = {"native_peak_mb": native_peak_mb} if native_peak_mb is not None else True
+        if memory_budget_mb != "default":  # --opt-memory-budget none | MB
+            optimize = {"memory_budget_mb": memory_budget_mb}
+        else:
+            optimize = {"native_peak_mb": native_peak_mb} if native_peak_mb is not None else True
         step = TrainStep.from_net(net, loss_fn, opt, optimize=optimize, **extra)
         return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "opt": settings["note"], "step": step,
                                                **extra}

@@ -29,6 +29,7 @@ class BenchConfig:
     seed: int = 0
     distinct_batches: int = 2
     features: bool = False
+    opt_memory_budget: str | float = "jit"  # 'jit' (a quarter of the jit row's peak), 'none', or MB
     profile_dir: str | None = None
     timeout_s: int = 900
     extra_env: dict = field(default_factory=dict)
@@ -48,6 +49,16 @@ class BenchConfig:
         check_int("seq_len", self.seq_len, minimum=1)
         check_int("steps", self.steps, minimum=1)
         check_int("warmup", self.warmup, minimum=1, fix="The first call compiles; keep --warmup >= 1 so it is not timed.")
+        budget = self.opt_memory_budget
+        if budget not in ("jit", "none"):
+            try:
+                budget = float(budget)
+            except (TypeError, ValueError):
+                budget = -1.0
+            if isinstance(self.opt_memory_budget, bool) or not budget >= 0:
+                raise bad_value("opt_memory_budget", self.opt_memory_budget, "'jit', 'none' or a number of MB >= 0",
+                                "e.g. --opt-memory-budget none, or --opt-memory-budget 300.")
+            self.opt_memory_budget = budget
         return self
 
 
@@ -96,7 +107,11 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
             on_progress(mode, i, total)
         spec = spec_for(cfg, mode)
         jit = rows.get("jit", {})
-        if mode == "jit-opt" and jit.get("status") == "ok" and jit.get("mem_source") == "process peak RSS":
+        if mode == "jit-opt" and cfg.opt_memory_budget == "none":
+            spec["memory_budget_mb"] = None
+        elif mode == "jit-opt" and cfg.opt_memory_budget != "jit":
+            spec["memory_budget_mb"] = cfg.opt_memory_budget
+        elif mode == "jit-opt" and jit.get("status") == "ok" and jit.get("mem_source") == "process peak RSS":
             spec["native_peak_mb"] = rows["jit"]["peak_mem_mb"]
         out = run_worker(spec, cfg.timeout_s, cfg.extra_env)
         rows[mode] = _row(cfg, mode, out, peak_gflops)

@@ -70,7 +70,8 @@ def run(spec: dict) -> dict:
         times, losses, compile_s, settings = _run_model(net, loss_fn, feed)
     else:
         run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
-                                         native_peak_mb=spec.get("native_peak_mb"))
+                                         native_peak_mb=spec.get("native_peak_mb"),
+                                         memory_budget_mb=spec.get("memory_budget_mb", "default"))
         times, losses = [], []
         profiler = None
         for i, batch in enumerate(feed):
@@ -90,9 +91,13 @@ def run(spec: dict) -> dict:
             compile_s -= step.optimize_s
             table = step.optimize_report
             settings["optimize_s"] = round(step.optimize_s, 2)
-            settings["memory_budget_mb"] = round(step.optimize_budget_mb, 1)
-            settings["memory_budget_from"] = ("the jit row's peak" if spec.get("native_peak_mb") is not None
-                                              else "process memory before the pass (no jit row in this run)")
+            budget = step.optimize_budget_mb
+            settings["memory_budget_mb"] = None if budget is None else round(budget, 1)
+            if "memory_budget_mb" in spec:
+                settings["memory_budget_from"] = "--opt-memory-budget" if budget is not None else "no cap"
+            else:
+                settings["memory_budget_from"] = ("the jit row's peak" if spec.get("native_peak_mb") is not None
+                                                  else "process memory before the pass (no jit row in this run)")
             settings["rewritten"] = f"{sum(r['choice'] != 'native' for r in table)}/{len(table)} Conv2d"
             settings["optimize_report"] = table
     measured = times[spec["warmup"]:]
