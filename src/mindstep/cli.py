@@ -55,6 +55,14 @@ def _cmd_bench(args) -> int:
     if args.out:
         for path in report.write_outputs(result, args.out):
             print(f"wrote {path}")
+    cal = result.get("optimize_calibration")
+    if cal:
+        tried = "; ".join(f"{'no cap' if t['memory_budget_mb'] is None else '%.0f MB' % t['memory_budget_mb']}: "
+                          f"{'failed' if t['peak_mem_mb'] is None else '%.0f MB peak' % t['peak_mem_mb']}"
+                          f"{' (within)' if t['within'] else ''}" for t in cal["trials"])
+        chosen = cal["chosen"]
+        print(f"jit-opt memory calibration (peak <= {cal['peak_ratio']}x jit's {cal['native_peak_mb']:.0f} MB): "
+              f"{tried} -> {'no cap' if chosen is None else chosen if chosen == 'default' else '%.0f MB' % chosen}")
     if args.explain:
         from .optimize import render
 

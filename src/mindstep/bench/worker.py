@@ -93,7 +93,9 @@ def run(spec: dict) -> dict:
             settings["optimize_s"] = round(step.optimize_s, 2)
             budget = step.optimize_budget_mb
             settings["memory_budget_mb"] = None if budget is None else round(budget, 1)
-            if "memory_budget_mb" in spec:
+            if spec.get("budget_source"):
+                settings["memory_budget_from"] = spec["budget_source"]
+            elif "memory_budget_mb" in spec:
                 settings["memory_budget_from"] = "--opt-memory-budget" if budget is not None else "no cap"
             else:
                 settings["memory_budget_from"] = ("the jit row's peak" if spec.get("native_peak_mb") is not None
