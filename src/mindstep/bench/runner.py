@@ -131,7 +131,7 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
 # Expected kept fractions tried, most permissive first, before the pass's own (decide.RETAINED): how
 # much of the per-layer memory estimate a whole step keeps varies by network (measured 0.33 for
 # rrdbnet, 0.58 for ResNet-50, 0.76 for ResNet-18), so the bench measures rather than assumes it.
-CALIBRATION_FRACTIONS = (0.35, 0.6)
+CALIBRATION_FRACTIONS = (0.35, 0.45, 0.55, 0.65)
 
 
 def calibrate_budget(cfg: BenchConfig, spec: dict, native_peak_mb: float, on_progress=None, i=0, total=0) -> dict:
