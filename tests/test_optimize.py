@@ -153,7 +153,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-9|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-10|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
@@ -227,6 +227,19 @@ def test_memory_budget_keeps_the_rewrites_that_save_most_time_per_mb():
     assert RETAINED * sum(r["extra_mb"] for r in rows) <= 35 * RETAINED
     apply_budget(rows, 0)
     assert all(r["choice"] == "native" for r in rows)
+
+
+def test_over_budget_a_layer_steps_down_to_a_leaner_form_before_native():
+    from mindstep.optimize.decide import RETAINED
+    from mindstep.optimize.pass_ import apply_budget
+
+    rows = [dict(_row("a", 100, 10, 50), options={"native": (100, 0), "one-gemm": (10, 50), "batched": (12, 20)}),
+            dict(_row("b", 60, 20, 20), options={"native": (60, 0), "one-gemm": (20, 20)})]
+    apply_budget(rows, 45 * RETAINED)  # a: one-gemm -> batched loses 2 ms for 30 MB, the cheapest move
+    assert [r["choice"] for r in rows] == ["batched", "one-gemm"] and rows[0]["extra_mb"] == 20
+    assert "batched instead of one-gemm" in rows[0]["reason"]
+    apply_budget(rows, 20 * RETAINED)  # now a (88 ms for 20 MB) costs more per MB than b (40 ms for 20 MB)
+    assert [r["choice"] for r in rows] == ["batched", "native"]
 
 
 def test_budget_is_a_quarter_of_the_native_peak_less_the_probe():

@@ -23,7 +23,7 @@ from .conv import GemmConv2d, conv_pads, forms_for
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-9"
+FORMULATION = "gemmconv-10"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -185,6 +185,7 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype) -> dict:
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
     choice = choose(times, memory)
     shown = ", ".join(f"{k} {v:.1f} ms/{memory[k]:.0f} MB" for k, v in times.items())
-    return {"choice": choice, "native_ms": round(times["native"], 3),
-            "gemm_ms": round(min(v for k, v in times.items() if k != "native"), 3),
+    gemm = times[choice] if choice != "native" else min(v for k, v in times.items() if k != "native")
+    return {"choice": choice, "native_ms": round(times["native"], 3), "gemm_ms": round(gemm, 3),
+            "times": {k: round(v, 3) for k, v in times.items()},
             "extra_mb": round(memory[choice], 1), "reason": f"measured fwd+bwd: {shown}"}

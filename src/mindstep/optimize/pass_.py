@@ -7,7 +7,7 @@ from mindspore import nn
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value
 from . import decide
-from .conv import GemmConv2d, supported
+from .conv import GemmConv2d, conv_pads, supported
 
 
 def record_conv_inputs(nets, run) -> dict:
@@ -53,25 +53,39 @@ def budget_mb(rss_before_probe: float, rss_after_probe: float, native_peak_mb: f
 
 
 def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
-    """Within `budget_mb` of expected extra memory, keep the rewrites that save the most time per MB;
-    the others go back to native, with the reason in their row.
+    """Within `budget_mb` of expected extra memory, trade the least speed per MB saved.
 
-    A row's `extra_mb` is the upper-bound estimate of `decide.extra_mb`; a whole training step keeps
-    about `decide.RETAINED` of it (MindSpore reuses part of the temporaries), so that is what is
-    counted against the budget.
+    Each row's `options` maps a form (native included) to `(ms, extra_mb)`; while the expected total
+    is over the budget, the move to a leaner option of some layer that loses the fewest ms per MB
+    saved is taken (a leaner *and* faster option first), so a layer steps down to a leaner composed
+    form before it goes back to native. A row's `extra_mb` is `decide.extra_mb`'s upper-bound
+    estimate; a whole step keeps about `decide.RETAINED` of it, which is what the budget counts.
     """
-    chosen = [r for r in rows if r["choice"] != "native"]
-    total = decide.RETAINED * sum(r["extra_mb"] for r in chosen)
-    if budget_mb is None or total <= budget_mb:
+    if budget_mb is None:
         return
-    chosen.sort(key=lambda r: (r["native_ms"] - r["gemm_ms"]) / max(r["extra_mb"], 1e-3))
-    for r in chosen:
-        if total <= budget_mb:
+    for r in rows:
+        r.setdefault("options", {"native": (r.get("native_ms", 0.0), 0.0),
+                                 **({r["choice"]: (r["gemm_ms"], r["extra_mb"])} if r["choice"] != "native" else {})})
+    total = decide.RETAINED * sum(r["extra_mb"] for r in rows if r["choice"] != "native")
+    while total > budget_mb:
+        best = None
+        for r in rows:
+            if r["choice"] == "native":
+                continue
+            ms_now, mb_now = r["options"][r["choice"]]
+            for form, (ms_o, mb_o) in r["options"].items():
+                if mb_o < mb_now:
+                    cost = (ms_o - ms_now) / (mb_now - mb_o)
+                    if best is None or cost < best[0]:
+                        best = (cost, r, form)
+        if best is None:
             break
-        total -= decide.RETAINED * r["extra_mb"]
-        r.update(choice="native", reason=f"over the memory budget ({budget_mb:.0f} MB): {r['choice']} would keep "
-                 f"up to {r['extra_mb']:.1f} MB to save {r['native_ms'] - r['gemm_ms']:.1f} ms; " + r["reason"],
-                 extra_mb=0.0)
+        _, r, form = best
+        old, (ms_o, mb_o) = r["choice"], r["options"][form]
+        total -= decide.RETAINED * (r["extra_mb"] - mb_o)
+        r.update(choice=form, extra_mb=round(mb_o, 1), gemm_ms=ms_o if form != "native" else r.get("gemm_ms"),
+                 reason=f"over the memory budget ({budget_mb:.0f} MB): {form} instead of {old}, which would keep "
+                        f"up to {r['options'][old][1]:.1f} MB; " + r["reason"].split("; ")[-1])
 
 
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
@@ -109,20 +123,23 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                     row.update({**found, "cached": cached})
                     # memory is computed from the shapes (not cached), timings are measured; the first
                     # layer of each composed configuration also carries its compile-time memory
-                    if row["choice"] != "native":
-                        fn = GemmConv2d(cell, (shape[2], shape[3]), row["choice"]).fn
-                        extra = decide.extra_mb(cell, shape, row["choice"])
-                        if fn is not None and id(fn) not in configs:
-                            configs.add(id(fn))
-                            extra += decide.config_mb(cell, row["choice"])
-                        row["extra_mb"] = round(extra, 1)
-                    else:
-                        row["extra_mb"] = 0.0
+                    times = found.get("times", {})
+                    # the first layer of a composed configuration (shared `_ConvFn`) also compiles it
+                    fn_key = (cell.kernel_size, cell.stride, cell.dilation, conv_pads(cell, shape[2], shape[3]),
+                              tuple(shape[2:]))
+                    first = fn_key not in configs
+                    configs.add(fn_key)
+                    row["options"] = {form: (ms_, 0.0 if form == "native" else round(
+                        decide.extra_mb(cell, shape, form) + (decide.config_mb(cell, form) if first else 0.0), 1))
+                        for form, ms_ in times.items()}
+                    row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
             table.append(row)
             todo.append((net, name, cell, shape, row))
     if dirty:
         decide.save_cache(path, cache)
     apply_budget(table, memory_budget_mb)
+    for row in table:
+        row.pop("options", None)
     for net, name, cell, shape, row in todo:
         if row["choice"] != "native":
             _replace(net, name, GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
