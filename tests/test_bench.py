@@ -171,24 +171,37 @@ def test_opt_memory_budget_none_lifts_the_cap(tmp_path):
     assert row["settings"]["memory_budget_mb"] is None and row["settings"]["memory_budget_from"] == "no cap"
 
 
-def test_calibration_takes_the_first_setting_within_the_peak_ratio(monkeypatch):
+def test_calibration_bisects_to_the_largest_budget_within_the_peak_ratio(monkeypatch):
     from mindstep.optimize.decide import RETAINED
 
     cfg = runner.BenchConfig(model="mlp", modes=("jit", "jit-opt"), batch_size=4).validate()
     seen = []
+    kept = 400.0  # what the no-cap run's layers would keep (upper-bound estimates)
 
-    def fake(peaks):
-        def run_worker(spec, timeout_s, extra_env=None):
-            seen.append(spec["memory_budget_mb"])
-            return {"peak_mem_mb": peaks[len(seen) - 1], "mem_source": "process peak RSS", "settings": {}}
-        return run_worker
+    def run_worker(spec, timeout_s, extra_env=None):
+        budget = spec["memory_budget_mb"]
+        seen.append(budget)
+        peak = 1000 + (0.5 * kept if budget is None else budget / RETAINED * 0.5)  # a step keeps half
+        return {"peak_mem_mb": peak, "mem_source": "process peak RSS",
+                "settings": {"optimize_report": [{"extra_mb": kept}]}}
 
-    monkeypatch.setattr(runner, "run_worker", fake([1400, 1240, 1000]))
+    monkeypatch.setattr(runner, "run_worker", run_worker)
     cal = runner.calibrate_budget(cfg, {"mode": "jit-opt"}, 1000.0)
-    # no cap: 1400 > 1250; then a budget assuming 35 % of the estimate is kept: 1240 fits
-    assert seen == [None, pytest.approx(250 * RETAINED / 0.35)] and cal["chosen"] == seen[1]
-    assert [t["within"] for t in cal["trials"]] == [False, True]
+    # no cap: 1200 > 1250? no -> within
+    assert seen == [None] and cal["chosen"] is None
+    kept = 800.0  # no cap: 1400 > 1250, so bisect between 0 and 0.8 * 800 = 640 MB
     seen.clear()
-    monkeypatch.setattr(runner, "run_worker", fake([1400, 1300, 1290, 1280, 1260]))
     cal = runner.calibrate_budget(cfg, {"mode": "jit-opt"}, 1000.0)
-    assert cal["chosen"] == "default" and len(cal["trials"]) == 1 + len(runner.CALIBRATION_FRACTIONS)
+    assert len(seen) == 1 + runner.CALIBRATION_STEPS and seen[1] == pytest.approx(RETAINED * 800 / 2)
+    within = [t["memory_budget_mb"] for t in cal["trials"] if t["within"]]
+    assert cal["chosen"] == max(within)
+    assert all((t["peak_mem_mb"] <= 1250) == t["within"] for t in cal["trials"])
+    assert 1000 + cal["chosen"] / RETAINED * 0.5 <= 1250 < 1000 + (cal["chosen"] + 640 / 16) / RETAINED * 0.5
+
+
+def test_calibration_falls_back_to_the_default_budget_when_nothing_fits(monkeypatch):
+    cfg = runner.BenchConfig(model="mlp", modes=("jit", "jit-opt"), batch_size=4).validate()
+    monkeypatch.setattr(runner, "run_worker", lambda spec, t, e=None: {
+        "peak_mem_mb": 2000.0, "mem_source": "process peak RSS", "settings": {"optimize_report": [{"extra_mb": 100}]}})
+    cal = runner.calibrate_budget(cfg, {"mode": "jit-opt"}, 1000.0)
+    assert cal["chosen"] == "default" and not any(t["within"] for t in cal["trials"])

@@ -128,35 +128,45 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
             "optimize_prepare": prepared, "optimize_calibration": calibration, "results": results}
 
 
-# Expected kept fractions tried, most permissive first, before the pass's own (decide.RETAINED): how
-# much of the per-layer memory estimate a whole step keeps varies by network (measured 0.33 for
-# rrdbnet, 0.58 for ResNet-50, 0.76 for ResNet-18), so the bench measures rather than assumes it.
-CALIBRATION_FRACTIONS = (0.35, 0.45, 0.55, 0.65)
+CALIBRATION_STEPS = 4  # bisection steps after the no-cap trial
 
 
 def calibrate_budget(cfg: BenchConfig, spec: dict, native_peak_mb: float, on_progress=None, i=0, total=0) -> dict:
     """Find the fastest jit-opt setting whose measured peak stays within PEAK_RATIO x the jit row's.
 
-    Tries, each in a fresh process for one step: no cap, then budgets that assume a step keeps
-    CALIBRATION_FRACTIONS of the estimate; the first within the ratio is chosen, else the pass's
-    default budget (`native_peak_mb` with decide.RETAINED)."""
-    from ..optimize.decide import RETAINED
+    How much of the per-layer memory estimate a whole step keeps varies by network (0.33 to 0.76
+    measured), so the bench measures instead of assuming: one step in a fresh process with no cap;
+    if that is over, a bisection over the budget between 0 and what the no-cap run kept, keeping the
+    largest budget whose peak is within the ratio; if none is, the pass's own default budget."""
     from ..optimize.pass_ import PEAK_RATIO
 
-    allowance = (PEAK_RATIO - 1.0) * native_peak_mb
+    limit = PEAK_RATIO * native_peak_mb
     trials, chosen = [], "default"
-    for fraction in (None, *CALIBRATION_FRACTIONS):
-        budget = None if fraction is None else allowance * RETAINED / fraction
+
+    def trial(budget):
         if on_progress:
             on_progress(f"jit-opt: memory calibration ({'no cap' if budget is None else f'{budget:.0f} MB'})", i, total)
         out = run_worker({**spec, "steps": 1, "warmup": 1, "memory_budget_mb": budget}, cfg.timeout_s, cfg.extra_env)
         peak = out.get("peak_mem_mb")
-        ok = peak is not None and out.get("mem_source") == "process peak RSS" and peak <= PEAK_RATIO * native_peak_mb
+        ok = peak is not None and out.get("mem_source") == "process peak RSS" and peak <= limit
+        settings = out.get("settings") or {}
         trials.append({"memory_budget_mb": budget, "peak_mem_mb": peak, "within": bool(ok),
-                       "rewritten": (out.get("settings") or {}).get("rewritten"), "error": out.get("error")})
+                       "rewritten": settings.get("rewritten"), "error": out.get("error")})
+        return ok, settings
+
+    ok, settings = trial(None)
+    if ok:
+        return {"native_peak_mb": native_peak_mb, "peak_ratio": PEAK_RATIO, "trials": trials, "chosen": None}
+    from ..optimize.decide import RETAINED
+
+    lo, hi = 0.0, RETAINED * sum(r.get("extra_mb", 0.0) for r in settings.get("optimize_report") or [])
+    for _ in range(CALIBRATION_STEPS if hi > 0 else 0):
+        budget = (lo + hi) / 2
+        ok, _ = trial(budget)
         if ok:
-            chosen = budget
-            break
+            lo, chosen = budget, budget
+        else:
+            hi = budget
     return {"native_peak_mb": native_peak_mb, "peak_ratio": PEAK_RATIO, "trials": trials, "chosen": chosen}
 
 
