@@ -149,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all-features", action="store_true",
                    help="mindstep modes with dynamic loss scale, accumulate=2, clip_grad_norm=1, ema=0.999")
     p.add_argument("--opt-memory-budget", default="jit", metavar="jit|none|MB",
-                   help="jit-opt's memory budget for composed layers: 'jit' (default: a quarter of the jit row's "
-                        "peak, the 1.25x target), 'none' (no cap: fastest), or a number of MB")
+                   help="jit-opt's memory budget for composed layers: 'jit' (default: calibrated by measurement so "
+                        "the peak stays within 1.25x the jit row's), 'none' (no cap: fastest), or a number of MB")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR", help="write report.md and bench.png here")
     p.add_argument("--profile", action="store_true", help="profile the timed steps, print the top-10 ops")
