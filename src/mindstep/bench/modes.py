@@ -4,7 +4,8 @@
 - `jit`: mindstep's TrainStep compiled (GRAPH_MODE Cell), plain fp32 layers.
 - `jit-all`: `jit` with every gradient-pipeline feature on (`FEATURES`), to price them in one run.
 - `jit-opt`: compiled with the best settings for this device (see `OPT_SETTINGS`); the composed-
-  operator pass keeps to a memory budget of a quarter of the `jit` row's measured peak (run first).
+  operator pass keeps to a memory budget that the runner calibrates against the `jit` row's measured
+  peak (run first; see `runner.calibrate_budget`), or the one given by `--opt-memory-budget`.
 - `seed`: the tutorial's hand-written step, `value_and_grad` + optimizer under `ms.jit`.
 - `model`: `mindspore.train.Model(...).train(...)` in GRAPH_MODE (sink mode where supported).
 - `onestep`: `nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)` in GRAPH_MODE.
