@@ -293,18 +293,14 @@ class TrainStep:
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
         if self.optimize is not None and self.optimize_report is None:
-            from .optimize.pass_ import budget_mb, record_conv_inputs, rewrite, rss_mb
+            from .optimize.pass_ import run_pass
 
             t0 = time.perf_counter()
             opts = self.optimize
-            before = rss_mb()
-            shapes = record_conv_inputs(self._nets, lambda: self.forward(*tensors))
-            if "memory_budget_mb" in opts:
-                self.optimize_budget_mb = opts["memory_budget_mb"]
-            else:
-                self.optimize_budget_mb = budget_mb(before, rss_mb(), opts.get("native_peak_mb"))
-            self.optimize_report = rewrite(self._nets, shapes, memory_budget_mb=self.optimize_budget_mb,
-                                           cache_dir=opts.get("cache_dir"), measure=opts.get("measure", True))
+            self.optimize_report, self.optimize_budget_mb = run_pass(
+                self._nets, lambda: self.forward(*tensors), memory_budget_mb=opts.get("memory_budget_mb", "auto"),
+                native_peak_mb=opts.get("native_peak_mb"), cache_dir=opts.get("cache_dir"),
+                measure=opts.get("measure", True))
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self._runner.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True

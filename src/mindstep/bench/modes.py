@@ -35,9 +35,11 @@ def make_optimizer(net):
     return nn.Momentum(net.trainable_params(), 0.01, 0.9)
 
 
-def build(mode: str, net, loss_fn, *, features: bool = False, native_peak_mb: float | None = None,
-          memory_budget_mb="default"):
-    """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss."""
+def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True):
+    """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss.
+
+    `optimize`: jit-opt's `TrainStep(optimize=...)` setting (the pass's memory budget; the runner
+    chooses it, see `runner._opt_settings`)."""
     device = ms.get_context("device_target")
     extra = dict(FEATURES) if features else {}
     if mode == "jit-all":
@@ -52,12 +54,6 @@ def build(mode: str, net, loss_fn, *, features: bool = False, native_peak_mb: fl
             net = amp.auto_mixed_precision(net, settings["precision"])
             extra.setdefault("loss_scale", "dynamic")
         opt = make_optimizer(net)
-        # the memory budget is a quarter of the native step's peak: measured (the bench's jit row)
-        # when given, else the pass's conservative default
-        if memory_budget_mb != "default":  # --opt-memory-budget none | MB
-            optimize = {"memory_budget_mb": memory_budget_mb}
-        else:
-            optimize = {"native_peak_mb": native_peak_mb} if native_peak_mb is not None else True
         step = TrainStep.from_net(net, loss_fn, opt, optimize=optimize, **extra)
         return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "opt": settings["note"], "step": step,
                                                **extra}

@@ -29,7 +29,7 @@ class BenchConfig:
     seed: int = 0
     distinct_batches: int = 2
     features: bool = False
-    opt_memory_budget: str | float = "jit"  # 'jit' (a quarter of the jit row's peak), 'none', or MB
+    opt_memory_budget: str | float = "jit"  # 'jit' (calibrated against the jit row's peak), 'none', or MB
     profile_dir: str | None = None
     timeout_s: int = 900
     extra_env: dict = field(default_factory=dict)
@@ -100,24 +100,14 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
         prepared = run_worker({**spec_for(cfg, "jit-opt"), "mode": "prepare-opt"}, cfg.timeout_s, cfg.extra_env)
     # jit runs before jit-opt whatever the listed order: its measured peak memory is the native
     # reference for jit-opt's memory budget (see mindstep.optimize.pass_.budget_mb)
-    order = sorted(cfg.modes, key=lambda m: (m == "jit-opt", 0))
+    order = sorted(cfg.modes, key=lambda m: m == "jit-opt")
     rows, calibration = {}, None
     for i, mode in enumerate(order, start=1):
         if on_progress:
             on_progress(mode, i, total)
         spec = spec_for(cfg, mode)
-        jit = rows.get("jit", {})
-        if mode == "jit-opt" and cfg.opt_memory_budget == "none":
-            spec["memory_budget_mb"] = None
-        elif mode == "jit-opt" and cfg.opt_memory_budget != "jit":
-            spec["memory_budget_mb"] = cfg.opt_memory_budget
-        elif mode == "jit-opt" and jit.get("status") == "ok" and jit.get("mem_source") == "process peak RSS":
-            spec["native_peak_mb"] = jit["peak_mem_mb"]
-            calibration = calibrate_budget(cfg, spec, jit["peak_mem_mb"], on_progress, i, total)
-            if calibration["chosen"] != "default":
-                spec.pop("native_peak_mb")
-                spec["memory_budget_mb"] = calibration["chosen"]
-                spec["budget_source"] = "calibrated against the jit row's peak"
+        if mode == "jit-opt":
+            calibration = _opt_settings(cfg, spec, rows.get("jit", {}), on_progress, i, total)
         out = run_worker(spec, cfg.timeout_s, cfg.extra_env)
         rows[mode] = _row(cfg, mode, out, peak_gflops)
     results = [rows[m] for m in cfg.modes]
@@ -126,6 +116,26 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
     return {"device": ms.get_context("device_target"), "mindspore": ms.__version__, "peak_gflops": peak_gflops,
             "config": {k: v for k, v in asdict(cfg).items() if k not in ("extra_env",)},
             "optimize_prepare": prepared, "optimize_calibration": calibration, "results": results}
+
+
+def _opt_settings(cfg: BenchConfig, spec: dict, jit: dict, on_progress, i: int, total: int) -> dict | None:
+    """Put jit-opt's pass settings (`optimize`, the TrainStep argument) and where its memory budget
+    came from (`budget_source`) into `spec`; return the calibration record when one ran."""
+    if cfg.opt_memory_budget == "none":
+        spec.update(optimize={"memory_budget_mb": None}, budget_source="no cap")
+    elif cfg.opt_memory_budget != "jit":
+        spec.update(optimize={"memory_budget_mb": cfg.opt_memory_budget}, budget_source="--opt-memory-budget")
+    elif jit.get("status") == "ok" and jit.get("mem_source") == "process peak RSS":
+        calibration = calibrate_budget(cfg, spec, jit["peak_mem_mb"], on_progress, i, total)
+        if calibration["chosen"] != "default":
+            spec.update(optimize={"memory_budget_mb": calibration["chosen"]},
+                        budget_source="calibrated against the jit row's peak")
+        else:
+            spec.update(optimize={"native_peak_mb": jit["peak_mem_mb"]}, budget_source="the jit row's peak")
+        return calibration
+    else:
+        spec["budget_source"] = "process memory before the pass (no jit row in this run)"
+    return None
 
 
 CALIBRATION_STEPS = 4  # bisection steps after the no-cap trial
@@ -138,6 +148,7 @@ def calibrate_budget(cfg: BenchConfig, spec: dict, native_peak_mb: float, on_pro
     measured), so the bench measures instead of assuming: one step in a fresh process with no cap;
     if that is over, a bisection over the budget between 0 and what the no-cap run kept, keeping the
     largest budget whose peak is within the ratio; if none is, the pass's own default budget."""
+    from ..optimize.decide import RETAINED
     from ..optimize.pass_ import PEAK_RATIO
 
     limit = PEAK_RATIO * native_peak_mb
@@ -146,7 +157,8 @@ def calibrate_budget(cfg: BenchConfig, spec: dict, native_peak_mb: float, on_pro
     def trial(budget):
         if on_progress:
             on_progress(f"jit-opt: memory calibration ({'no cap' if budget is None else f'{budget:.0f} MB'})", i, total)
-        out = run_worker({**spec, "steps": 1, "warmup": 1, "memory_budget_mb": budget}, cfg.timeout_s, cfg.extra_env)
+        out = run_worker({**spec, "steps": 1, "warmup": 1, "optimize": {"memory_budget_mb": budget}},
+                         cfg.timeout_s, cfg.extra_env)
         peak = out.get("peak_mem_mb")
         ok = peak is not None and out.get("mem_source") == "process peak RSS" and peak <= limit
         settings = out.get("settings") or {}
@@ -157,8 +169,6 @@ def calibrate_budget(cfg: BenchConfig, spec: dict, native_peak_mb: float, on_pro
     ok, settings = trial(None)
     if ok:
         return {"native_peak_mb": native_peak_mb, "peak_ratio": PEAK_RATIO, "trials": trials, "chosen": None}
-    from ..optimize.decide import RETAINED
-
     lo, hi = 0.0, RETAINED * sum(r.get("extra_mb", 0.0) for r in settings.get("optimize_report") or [])
     for _ in range(CALIBRATION_STEPS if hi > 0 else 0):
         budget = (lo + hi) / 2

@@ -70,8 +70,7 @@ def run(spec: dict) -> dict:
         times, losses, compile_s, settings = _run_model(net, loss_fn, feed)
     else:
         run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
-                                         native_peak_mb=spec.get("native_peak_mb"),
-                                         memory_budget_mb=spec.get("memory_budget_mb", "default"))
+                                         optimize=spec.get("optimize", True))
         times, losses = [], []
         profiler = None
         for i, batch in enumerate(feed):
@@ -93,13 +92,7 @@ def run(spec: dict) -> dict:
             settings["optimize_s"] = round(step.optimize_s, 2)
             budget = step.optimize_budget_mb
             settings["memory_budget_mb"] = None if budget is None else round(budget, 1)
-            if spec.get("budget_source"):
-                settings["memory_budget_from"] = spec["budget_source"]
-            elif "memory_budget_mb" in spec:
-                settings["memory_budget_from"] = "--opt-memory-budget" if budget is not None else "no cap"
-            else:
-                settings["memory_budget_from"] = ("the jit row's peak" if spec.get("native_peak_mb") is not None
-                                                  else "process memory before the pass (no jit row in this run)")
+            settings["memory_budget_from"] = spec.get("budget_source", "process memory before the pass")
             settings["rewritten"] = f"{sum(r['choice'] != 'native' for r in table)}/{len(table)} Conv2d"
             settings["optimize_report"] = table
     measured = times[spec["warmup"]:]

@@ -5,13 +5,15 @@ runs near 150 GFLOP/s on the same machine (shared notes). The composed form:
 
 - forward: `y = W(K, C*k*k) @ unfold(pad(x))`, one (batched) GEMM;
 - weight gradient: `dW = dY(K, N*L) @ unfold(pad(x))^T`, one GEMM (the columns are recomputed in the
-  backward instead of being kept from the forward, so the forward stores nothing extra);
+  backward instead of being kept from the forward);
 - input gradient: the transposed convolution written as a *forward* im2col + GEMM: dY is dilated by
-  the stride, padded by `dilation*(k-1)`, and correlated with the spatially flipped, channel-
-  transposed kernel. This avoids `col2im`, whose CPU kernel is what made naive swaps slow.
+  the stride, padded so that the correlation yields exactly the input positions, and correlated with
+  the spatially flipped, channel-transposed kernel; or, in the "+phases" forms of strided layers,
+  one stride-1 correlation per stride phase with that phase's sub-kernel. This avoids `col2im`,
+  whose CPU kernel is what made naive swaps slow.
 
-Padding is explicit (zeros + slice assignment) for every pad mode, including TF-style asymmetric
-"same" padding with stride > 1. Only `group=1` convolutions are rewritten.
+Padding is explicit (`Pad` primitives) for every pad mode, including TF-style asymmetric "same"
+padding with stride > 1. Only `group=1` convolutions are rewritten.
 """
 from __future__ import annotations
 
@@ -24,13 +26,6 @@ from mindspore.ops.operations.array_ops import Im2Col
 FORMS = ("batched", "one-gemm", "batched+phases", "one-gemm+phases")
 
 
-def forms_for(conv) -> tuple:
-    """The composed forms that apply to this layer (phases only for strided, undilated layers)."""
-    if conv.kernel_size == (1, 1) and conv.stride == (1, 1):
-        return ("batched",)  # a plain matmul either way
-    if max(conv.stride) > 1 and conv.dilation == (1, 1):
-        return FORMS
-    return FORMS[:2]
 _BMM_NT = ops.BatchMatMul(transpose_b=True)
 _MM = ops.MatMul()
 _MM_NT = ops.MatMul(transpose_b=True)
@@ -38,6 +33,13 @@ _RESHAPE = ops.Reshape()
 _TRANSPOSE = ops.Transpose()
 _FLIP_HW = ops.ReverseV2(axis=[2, 3])
 _SUM = ops.ReduceSum()
+
+
+def forms_for(conv) -> tuple:
+    """The composed forms that apply to this layer (phases only for strided, undilated layers)."""
+    if max(conv.stride) > 1 and conv.dilation == (1, 1):
+        return FORMS
+    return FORMS[:2]
 
 
 def same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
@@ -124,6 +126,7 @@ class _PhaseGrad(nn.Cell):
         self.sh, self.sw = stride
         self.mh, self.mw = out_hw
         self.one_gemm = one_gemm
+        self.taps = taps_hw
         self.pad = ops.Pad(((0, 0), (0, 0), (dy_pads[0], dy_pads[1]), (dy_pads[2], dy_pads[3])))
         self.im2col = Im2Col(ksizes=taps_hw, strides=(1, 1), dilations=(1, 1), pads=(0, 0))
 
@@ -135,6 +138,8 @@ class _PhaseGrad(nn.Cell):
 
 class _PhaseZero(nn.Cell):
     """A stride phase that no kernel tap reaches (e.g. the odd positions of a 1x1 stride-2 conv)."""
+
+    taps = (0, 0)
 
     def __init__(self, out_hw):
         super().__init__()
@@ -293,7 +298,7 @@ class GemmConv2d(nn.Cell):
 
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched"):
         super().__init__(auto_prefix=False)
-        if form not in forms_for(conv) and not (form in FORMS[:2] and forms_for(conv) == ("batched",)):
+        if form not in forms_for(conv):
             raise ValueError(f"`form` must be one of {forms_for(conv)} for this layer, but got {form!r} "
                              "(the '+phases' forms need a stride > 1 and no dilation).")
         self.form = form

@@ -78,25 +78,22 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     # forward: the columns (one-gemm: and their transpose, and the transposed output; batched: the
     # kernel broadcast over the batch) -- kept too, measured in a chain of composed layers
     total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
-    if fn.pre_needed:
-        total += n * c * fn.xp_hw[0] * fn.xp_hw[1]            # explicitly padded x
     total += n * c * kk * l                                   # backward: recomputed columns of x
     if fn.pre_needed:
-        total += n * c * fn.xp_hw[0] * fn.xp_hw[1]            # explicitly padded x
+        total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
     total += (k * n * l + c * kk * n * l) if one else n * k * c * kk  # dW: transposed operands / per-sample products
     total += k * c * kk                                       # dW
     if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
         m = fn.mh * fn.mw
-        for ph in range(fn.sh):
-            for pw in range(fn.sw):
-                th, tw = len(range(ph, fn.kh, fn.sh)), len(range(pw, fn.kw, fn.sw))
-                taps = th * tw
-                if taps == 0:
-                    total += n * c * m
-                    continue
-                total += n * k * (fn.ho + fn.mh - fn.ho + th - 1) * (fn.wo + fn.mw - fn.wo + tw - 1)
-                total += 3 * k * c * taps + n * k * taps * m * (2 if one else 1)
-                total += 2 * n * c * m if one else n * c * k * taps + n * c * m
+        for phase in fn.phases:
+            th, tw = phase.taps
+            taps = th * tw
+            if taps == 0:
+                total += n * c * m
+                continue
+            total += n * k * (fn.mh + th - 1) * (fn.mw + tw - 1)
+            total += 3 * k * c * taps + n * k * taps * m * (2 if one else 1)
+            total += 2 * n * c * m if one else n * c * k * taps + n * c * m
         total += 2 * n * c * m * fn.sh * fn.sw + n * c * h * w  # two stacks, the crop
         return 4.0 * total / 2**20
     if fn.strided:
@@ -179,7 +176,8 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype) -> dict:
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
     times = {"native": time_layer(conv, x)}
-    forms = forms_for(conv)
+    # a stride-1 1x1 layer is a plain matmul in either form: one is enough
+    forms = ("batched",) if conv.kernel_size == (1, 1) and conv.stride == (1, 1) else forms_for(conv)
     for form in forms:
         times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x)
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}

@@ -164,8 +164,8 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         cache_dir: where `decisions.json` lives (default `$MINDSTEP_CACHE_DIR` or ~/.cache/mindstep).
         measure: measure shapes missing from the cache (else leave them native).
         memory_budget_mb: cap on the summed extra memory the composed forms keep during a step
-            (estimated from the shapes, see `decide.extra_mb`); over it, the rewrites saving the least
-            time per MB go back to native. "auto" (default): `budget_mb` with this process's memory
+            (estimated from the shapes, see `decide.extra_mb`); over it, the layers losing the least
+            time per MB saved step down to a leaner form or back to native (`apply_budget`). "auto" (default): `budget_mb` with this process's memory
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
 
     Returns:
@@ -185,12 +185,25 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         raise bad_value("memory_budget_mb", memory_budget_mb, '"auto", None or a number of MB >= 0',
                         'Pass e.g. memory_budget_mb=500, or None for no cap.')
     inputs = tuple(x if isinstance(x, ms.Tensor) else ms.Tensor(x) for x in example_inputs)
+    table, _ = run_pass([net], lambda: net(*inputs), memory_budget_mb=memory_budget_mb, device=device,
+                        cache_dir=cache_dir, measure=measure)
+    return table
+
+
+def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None = None, device=None,
+             cache_dir=None, measure: bool = True) -> tuple[list[dict], float | None]:
+    """Probe the conv input shapes with one `run()`, fix the budget, rewrite; `(table, budget)`.
+
+    The one sequence behind `optimize` and `TrainStep(optimize=...)`. `memory_budget_mb="auto"`
+    derives the budget with `budget_mb` (from `native_peak_mb` when given), counting the probe's own
+    memory against it."""
     before = rss_mb()
-    shapes = record_conv_inputs([net], lambda: net(*inputs))
+    shapes = record_conv_inputs(nets, run)
     if memory_budget_mb == "auto":
-        memory_budget_mb = budget_mb(before, rss_mb())
-    return rewrite([net], shapes, device=device, cache_dir=cache_dir, measure=measure,
-                   memory_budget_mb=memory_budget_mb)
+        memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
+    table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
+                    memory_budget_mb=memory_budget_mb)
+    return table, memory_budget_mb
 
 
 def render(table: list[dict]) -> str:
