@@ -106,6 +106,18 @@ def test_bad_bench_flags_exit_2_with_the_reason(argv, words, capsys):
         assert word in err
 
 
+def test_distinct_batches_is_validated_and_reaches_the_config():
+    with pytest.raises(ValueError, match="`distinct_batches`.*>= 1"):
+        runner.BenchConfig(model="mlp", distinct_batches=0).validate()
+    from mindstep.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--distinct-batches", "20"])
+    assert args.distinct_batches == 20
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["bench", "--distinct-batches", "0"])
+    assert exit_.value.code == 2
+
+
 def test_profile_top_ops_ranks_by_total_time(tmp_path):
     d = tmp_path / "jit" / "vm_1_ascend_ms" / "FRAMEWORK"
     d.mkdir(parents=True)

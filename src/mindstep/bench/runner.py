@@ -49,6 +49,7 @@ class BenchConfig:
         check_int("seq_len", self.seq_len, minimum=1)
         check_int("steps", self.steps, minimum=1)
         check_int("warmup", self.warmup, minimum=1, fix="The first call compiles; keep --warmup >= 1 so it is not timed.")
+        check_int("distinct_batches", self.distinct_batches, minimum=1)
         budget = self.opt_memory_budget
         if budget not in ("jit", "none"):
             try:
