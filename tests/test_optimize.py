@@ -312,14 +312,16 @@ print(json.dumps((psutil.Process().memory_info().rss - before) / 2**20))
 """
 
 
-@pytest.mark.parametrize("form, stride, hw, channels, batch", [("one-gemm", 1, 8, 64, 256), ("batched", 2, 32, 32, 64),
-                                                               ("one-gemm+phases", 2, 32, 32, 64)])
-def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch):
-    """The budget rests on a measured MindSpore 2.10 behaviour: a custom bprop Cell's temporaries may
-    stay alive for the whole step, so a composed layer adds at most its temporaries (decide.extra_mb).
-    Measured here: the growth from 1 to 3 chained layers stays under the estimate for layers 2 and 3
-    (how much MindSpore actually keeps varies: measured 457 of 473 MB estimated for the one-gemm
-    stride-1 chain, 22 of 89 MB for the batched stride-2 chain, 67 of 137 MB with stride phases)."""
+@pytest.mark.parametrize("form, stride, hw, channels, batch, at_most", [
+    ("one-gemm", 1, 8, 64, 256, 0.5),  # 0.23 measured; 0.97 while the form used Transpose
+    ("batched", 2, 32, 32, 64, 1.1), ("one-gemm+phases", 2, 32, 32, 64, 1.1)])
+def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch,
+                                                                     at_most):
+    """The budget rests on `decide.extra_mb` bounding what a composed layer adds to a step: MindSpore
+    2.10 does not free all of a custom-bprop layer's temporaries between layers. Measured here, the
+    growth from 1 to 3 chained layers stays under the estimate for layers 2 and 3 (108 of 473 MB for
+    the one-gemm stride-1 chain, 23 of 89 MB for the batched stride-2 chain, 50 of 137 MB with stride
+    phases; with `Transpose` in the one-gemm form the first was 457 MB)."""
     import subprocess
     import sys
 
@@ -338,4 +340,4 @@ def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, f
     # layers 2 and 3 see new input sizes: with a stride, each is a configuration of its own
     estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) +
                    (config_mb(conv, form) if stride > 1 else 0.0) for i in (1, 2))
-    assert grow[3] - grow[1] <= 1.1 * estimate, (grow, estimate)
+    assert grow[3] - grow[1] <= at_most * estimate, (grow, estimate)
