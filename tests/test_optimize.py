@@ -153,7 +153,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-11|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-13|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)

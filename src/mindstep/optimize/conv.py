@@ -18,7 +18,8 @@ padding with stride > 1. Only `group=1` convolutions are rewritten.
 from __future__ import annotations
 
 
-from mindspore import nn, ops
+import numpy as np
+from mindspore import Tensor, nn, ops
 from mindspore.ops.operations.array_ops import Im2Col
 
 
@@ -31,7 +32,6 @@ _MM = ops.MatMul()
 _MM_NT = ops.MatMul(transpose_b=True)
 _RESHAPE = ops.Reshape()
 _TRANSPOSE = ops.Transpose()
-_FLIP_HW = ops.ReverseV2(axis=[2, 3])
 _SUM = ops.ReduceSum()
 
 
@@ -111,6 +111,20 @@ def _unfold_batch(y, n):
     return ops.Concat(0)(ops.Split(2, n)(_RESHAPE(y, (1, a, nl))))
 
 
+def _reversal(taps: int) -> Tensor:
+    """The (taps, taps) anti-identity: `x @ J` reverses the last axis of x."""
+    return Tensor(np.eye(taps, dtype=np.float32)[::-1].copy())
+
+
+def _flip_taps(w, reversal):
+    """w (K, C, kh, kw) flipped along both spatial axes: the flattened tap index reversed, as a GEMM
+    with the anti-identity. Exact for finite weights, and ~15x faster than MindSpore 2.10's CPU
+    `ReverseV2` (a 512x512x3x3 kernel: 1.9 vs 30 ms; ReverseV2 took 14 % of a ResNet-18 step)."""
+    k, c, kh, kw = w.shape
+    flipped = _MM(_RESHAPE(w, (k * c, kh * kw)), ops.cast(reversal, w.dtype))
+    return _RESHAPE(flipped, (k, c, kh, kw))
+
+
 def _correlate(im2col, xp, w2, ho, wo, one_gemm):
     """Cross-correlation of x with w2 (K, C*kh*kw) as im2col + GEMM; output (N, K, ho, wo).
 
@@ -146,12 +160,13 @@ class _PhaseGrad(nn.Cell):
         self.mh, self.mw = out_hw
         self.one_gemm = one_gemm
         self.taps = taps_hw
+        self.reversal = _reversal(taps_hw[0] * taps_hw[1])
         self.pad = ops.Pad(((0, 0), (0, 0), (dy_pads[0], dy_pads[1]), (dy_pads[2], dy_pads[3])))
         self.im2col = Im2Col(ksizes=taps_hw, strides=(1, 1), dilations=(1, 1), pads=(0, 0))
 
     def construct(self, dout, w):
         sub = w[:, :, self.ph::self.sh, self.pw::self.sw]
-        wf = _RESHAPE(_TRANSPOSE(_FLIP_HW(sub), (1, 0, 2, 3)), (w.shape[1], -1))
+        wf = _RESHAPE(_TRANSPOSE(_flip_taps(sub, self.reversal), (1, 0, 2, 3)), (w.shape[1], -1))
         return _correlate(self.im2col, self.pad(dout), wf, self.mh, self.mw, self.one_gemm)
 
 
@@ -230,6 +245,7 @@ class _ConvFn(nn.Cell):
         self.z_im2col = Im2Col(ksizes=(self.kh, self.kw), strides=(1, 1), dilations=(self.dh, self.dw),
                                pads=_pair(self.z_unfold_pad))
         self.crop = (t, t + h, l, l + w)
+        self.reversal = _reversal(self.kh * self.kw)
         # strided, undilated (the "+phases" forms): the input gradient by stride phases (no zero
         # insertion, s*s fewer columns; more, smaller GEMMs, so it is measured against the other form)
         self.by_phase = by_phase
@@ -270,7 +286,7 @@ class _ConvFn(nn.Cell):
             z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))[:, :, :self.zh, :self.zw]
         if self.z_pre_needed:
             z = self.z_pad(z)
-        wf = _RESHAPE(_TRANSPOSE(_FLIP_HW(w), (1, 0, 2, 3)), (c, -1))
+        wf = _RESHAPE(_TRANSPOSE(_flip_taps(w, self.reversal), (1, 0, 2, 3)), (c, -1))
         dx = _correlate(self.z_im2col, z, wf, self.dxh, self.dxw, self.one_gemm)
         if self.cropped:
             dx = dx[:, :, self.crop[0]:self.crop[1], self.crop[2]:self.crop[3]]
