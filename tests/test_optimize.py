@@ -31,6 +31,10 @@ GRID = [
     (2, 3, 3, 1, "pad", (1, 0, 2, 1), 1, True, 6),  # asymmetric explicit padding
     (4, 6, 1, 1, "pad", 1, 1, False, 5),       # padding beyond the kernel extent: full + crop dX
     (4, 6, 3, 2, "pad", 3, 1, True, 7),        # same, strided
+    (4, 6, 3, 1, "pad", 1, 1, True, 1),        # 1x1 input: only the centre tap sees it (single_tap)
+    (4, 6, 3, 2, "same", 0, 1, False, 1),      # same, strided, 'same' padding
+    (4, 6, 3, 1, "pad", (0, 2, 1, 1), 1, False, 1),  # asymmetric padding: the top-row tap
+    (4, 6, 3, 1, "pad", 2, 2, False, 1),       # dilation 2: the centre tap again
 ]
 
 
@@ -78,6 +82,16 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
     assert len(got[2]) == len(expected[2])
     for g, e, p in zip(got[2], expected[2], conv.trainable_params()):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
+
+
+def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():
+    from mindstep.optimize.decide import config_mb, extra_mb
+
+    conv = make_conv(4, 6, 3, 1, "pad", 1, 1, True)
+    layer = GemmConv2d(conv, (1, 1), "one-gemm")
+    assert layer.tap == 4 and layer.fn is None  # the centre tap; no _ConvFn
+    assert extra_mb(conv, (2, 4, 1, 1), "one-gemm") == 0.0 and config_mb(conv, "one-gemm", (1, 1)) == 0.0
+    assert GemmConv2d(conv, (2, 2), "one-gemm").tap is None and config_mb(conv, "one-gemm", (2, 2)) > 0
 
 
 def test_input_gradient_uses_exact_padding_unless_padding_exceeds_the_kernel():
@@ -153,7 +167,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-13|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-14|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)

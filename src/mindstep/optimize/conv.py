@@ -323,11 +323,29 @@ def _conv_fn(*config) -> _ConvFn:
     return fn
 
 
+def single_tap(conv: nn.Conv2d, input_hw) -> int | None:
+    """The flattened index of the only kernel tap that ever sees the input, for a 1x1 input whose
+    output is 1x1 (e.g. a 3x3/pad-1 conv on ResNet's last 1x1 maps at 32 px: the other 8 taps see
+    only padding); None otherwise."""
+    if tuple(input_hw) != (1, 1):
+        return None
+    t, b, l, r = conv_pads(conv, 1, 1)
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
+    ho = (1 + t + b - dh * (kh - 1) - 1) // sh + 1
+    wo = (1 + l + r - dw * (kw - 1) - 1) // sw + 1
+    if (ho, wo) != (1, 1) or t % dh or l % dw:
+        return None
+    i, j = t // dh, l // dw
+    return i * kw + j if i < kh and j < kw else None
+
+
 class GemmConv2d(nn.Cell):
     """Drop-in for an `nn.Conv2d` at one input size: the same Parameter objects, GEMM arithmetic.
 
-    Stride-1 1x1 convolutions become a plain matmul, differentiated by MindSpore's own autodiff;
-    the others use `_ConvFn`'s hand-written backward.
+    Stride-1 1x1 convolutions become a plain matmul, and so do layers whose 1x1 input only ever meets
+    one kernel tap (`single_tap`; the tap is picked by a GEMM with a one-hot vector, so its weight
+    gradient lands in that tap and the others get exact zeros), both differentiated by MindSpore's
+    own autodiff; the others use `_ConvFn`'s hand-written backward.
     """
 
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched"):
@@ -349,15 +367,24 @@ class GemmConv2d(nn.Cell):
         # strided 1x1 convs go through _ConvFn: differentiating x[:, :, ::s, ::s] hits a PyNative
         # StridedSliceGrad bug in MindSpore 2.10 ("input memory out of bounds")
         self.pointwise = conv.kernel_size == (1, 1) and pads == (0, 0, 0, 0) and conv.stride == (1, 1)
-        self.fn = None if self.pointwise else _conv_fn(conv.kernel_size, conv.stride, conv.dilation, pads,
-                                                        tuple(input_hw), form.startswith("one-gemm"),
-                                                        form.endswith("+phases"))
+        self.tap = None if self.pointwise else single_tap(conv, input_hw)
+        if self.tap is not None:
+            kk = conv.kernel_size[0] * conv.kernel_size[1]
+            self.select = Tensor(np.eye(kk, dtype=np.float32)[:, self.tap:self.tap + 1].copy())  # (kk, 1)
+        self.fn = None if self.pointwise or self.tap is not None else _conv_fn(
+            conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw), form.startswith("one-gemm"),
+            form.endswith("+phases"))
 
     def construct(self, x):
         if self.pointwise:
             n, c, h, w = x.shape
             y = ops.matmul(self.weight.reshape(self.out_channels, c), x.reshape(n, c, h * w))
             y = y.reshape(n, self.out_channels, h, w)
+        elif self.tap is not None:
+            n, c = x.shape[0], x.shape[1]
+            k, kk = self.out_channels, self.kernel_size[0] * self.kernel_size[1]
+            w2 = _RESHAPE(_MM(_RESHAPE(self.weight, (k * c, kk)), ops.cast(self.select, self.weight.dtype)), (k, c))
+            y = _RESHAPE(_MM_NT(_RESHAPE(x, (n, c)), w2), (n, k, 1, 1))
         else:
             y = self.fn(x, self.weight)
         if self.has_bias:
@@ -376,4 +403,4 @@ def supported(conv) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["GemmConv2d", "conv_pads", "same_pads", "supported"]
+__all__ = ["GemmConv2d", "conv_pads", "same_pads", "single_tap", "supported"]

@@ -19,11 +19,11 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import GemmConv2d, conv_pads, forms_for
+from .conv import GemmConv2d, conv_pads, forms_for, single_tap
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-13"
+FORMULATION = "gemmconv-14"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -71,7 +71,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     """
     n, c, h, w = shape
     layer = GemmConv2d(conv, (h, w), form)
-    if layer.pointwise:
+    if layer.pointwise or layer.tap is not None:
         return 0.0
     fn = layer.fn
     k, kk = conv.out_channels, fn.kh * fn.kw
@@ -126,9 +126,12 @@ CONFIG_MB = 15.0
 PHASE_MB = 6.0  # per stride phase cell
 
 
-def config_mb(conv: nn.Conv2d, form: str) -> float:
-    """Compile-time memory of the first layer of a configuration in `form` (see CONFIG_MB)."""
+def config_mb(conv: nn.Conv2d, form: str, input_hw=None) -> float:
+    """Compile-time memory of the first layer of a configuration in `form` (see CONFIG_MB); layers
+    that become a plain matmul compile no `_ConvFn`."""
     if form == "native" or conv.kernel_size == (1, 1) and conv.stride == (1, 1):
+        return 0.0
+    if input_hw is not None and single_tap(conv, input_hw) is not None:
         return 0.0
     phases = conv.stride[0] * conv.stride[1] if form.endswith("+phases") else 0
     return CONFIG_MB + PHASE_MB * phases
@@ -178,8 +181,9 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype) -> dict:
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
     times = {"native": time_layer(conv, x)}
-    # a stride-1 1x1 layer is a plain matmul in either form: one is enough
-    forms = ("batched",) if conv.kernel_size == (1, 1) and conv.stride == (1, 1) else forms_for(conv)
+    # a stride-1 1x1 layer, or one whose 1x1 input meets a single tap, is a plain matmul in every form
+    plain = conv.kernel_size == (1, 1) and conv.stride == (1, 1) or single_tap(conv, shape[2:]) is not None
+    forms = ("batched",) if plain else forms_for(conv)
     for form in forms:
         times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x)
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
