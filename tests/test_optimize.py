@@ -135,8 +135,8 @@ def force_gemm(net, x, tmp_path, form="batched"):
 
     for _, cell in net.cells_and_names():
         if isinstance(cell, nn.Conv2d):
-            shape, dtype = shapes[id(cell)]
-            cache[decide.key("CPU", cell, shape, dtype)] = {"choice": form, "reason": "test"}
+            shape, dtype, input_grad = shapes[id(cell)]
+            cache[decide.key("CPU", cell, shape, dtype, input_grad)] = {"choice": form, "reason": "test"}
     decide.save_cache(decide.cache_path(str(tmp_path)), cache)
     return rewrite([net], shapes, device="CPU", cache_dir=str(tmp_path), measure=False)
 
@@ -166,8 +166,11 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     table = optimize(net, (x,), cache_dir=str(tmp_path))
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
+    # the first conv's input is the batch: timed without the input gradient the step never computes
+    assert [k.endswith(" no-dx") for k in cache].count(True) == 1
+    assert "no input gradient" in table[0]["reason"] and "no input gradient" not in table[1]["reason"]
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-14|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-15|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)

@@ -23,7 +23,7 @@ from .conv import GemmConv2d, conv_pads, forms_for, single_tap
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-14"
+FORMULATION = "gemmconv-15"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -49,11 +49,11 @@ def save_cache(path: Path, cache: dict) -> None:
     os.replace(tmp, path)  # atomic: a crash never leaves a half-written cache
 
 
-def key(device: str, conv: nn.Conv2d, shape: tuple, dtype) -> str:
+def key(device: str, conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> str:
     pads = conv_pads(conv, shape[2], shape[3])
     return (f"{device}|mindspore-{ms.__version__}|{FORMULATION}|conv2d {conv.in_channels}->{conv.out_channels} "
             f"k{conv.kernel_size} s{conv.stride} d{conv.dilation} pads{pads} bias{int(conv.has_bias)}"
-            f"|in{tuple(shape)} {dtype}")
+            f"|in{tuple(shape)} {dtype}" + ("" if input_grad else " no-dx"))
 
 
 def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
@@ -151,10 +151,10 @@ def choose(times: dict, memory: dict) -> str:
 
 
 class _Probe(nn.Cell):
-    def __init__(self, layer):
+    def __init__(self, layer, input_grad: bool = True):
         super().__init__(auto_prefix=False)  # auto_prefix would rename the layer's Parameters
         self.layer = layer
-        self.grad = ms.grad(self._loss, grad_position=0, weights=layer.trainable_params())
+        self.grad = ms.grad(self._loss, grad_position=0 if input_grad else None, weights=layer.trainable_params())
 
     def _loss(self, x):
         return self.layer(x).sum()
@@ -163,9 +163,10 @@ class _Probe(nn.Cell):
         return self.grad(x)
 
 
-def time_layer(layer: nn.Cell, x, repeats: int = 3) -> float:
-    """Median ms of forward + input/weight gradients, compiled in GRAPH_MODE (first call excluded)."""
-    probe = _Probe(layer)
+def time_layer(layer: nn.Cell, x, repeats: int = 3, input_grad: bool = True) -> float:
+    """Median ms of forward + input (if `input_grad`) and weight gradients, compiled in GRAPH_MODE
+    (first call excluded)."""
+    probe = _Probe(layer, input_grad)
     with graph_mode():
         probe(x)[0].asnumpy()
         times = []
@@ -177,19 +178,22 @@ def time_layer(layer: nn.Cell, x, repeats: int = 3) -> float:
     return 1000.0 * statistics.median(times)
 
 
-def measure(conv: nn.Conv2d, shape: tuple, dtype) -> dict:
+def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> dict:
+    """Time native and every composed form as the step runs them: forward, weight gradients and,
+    unless the layer's input is the batch itself (`input_grad=False`), the input gradient."""
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
-    times = {"native": time_layer(conv, x)}
+    times = {"native": time_layer(conv, x, input_grad=input_grad)}
     # a stride-1 1x1 layer, or one whose 1x1 input meets a single tap, is a plain matmul in every form
     plain = conv.kernel_size == (1, 1) and conv.stride == (1, 1) or single_tap(conv, shape[2:]) is not None
     forms = ("batched",) if plain else forms_for(conv)
     for form in forms:
-        times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x)
+        times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x, input_grad=input_grad)
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
     choice = choose(times, memory)
     shown = ", ".join(f"{k} {v:.1f} ms/{memory[k]:.0f} MB" for k, v in times.items())
     gemm = times[choice] if choice != "native" else min(v for k, v in times.items() if k != "native")
     return {"choice": choice, "native_ms": round(times["native"], 3), "gemm_ms": round(gemm, 3),
             "times": {k: round(v, 3) for k, v in times.items()},
-            "extra_mb": round(memory[choice], 1), "reason": f"measured fwd+bwd: {shown}"}
+            "extra_mb": round(memory[choice], 1),
+            "reason": f"measured fwd+bwd{'' if input_grad else ' (no input gradient: its input is the batch)'}: {shown}"}

@@ -10,13 +10,18 @@ from . import decide
 from .conv import GemmConv2d, conv_pads, supported
 
 
-def record_conv_inputs(nets, run) -> dict:
-    """{id(conv): (input shape, dtype)} for every Conv2d in `nets`, from one eager, inference-mode
-    call of `run()` (see `mindstep._probe.probe_forward`)."""
+def record_conv_inputs(nets, run, inputs=()) -> dict:
+    """{id(conv): (input shape, dtype, input needs a gradient)} for every Conv2d in `nets`, from one
+    eager, inference-mode call of `run()` (see `mindstep._probe.probe_forward`).
+
+    A conv whose input is one of `inputs` itself (the batch, e.g. the stem of an image model) needs
+    no input gradient in a training step: MindSpore drops that unused computation from the compiled
+    step, so the pass times such a layer without it."""
     shapes = {}
 
     def hook(cell, args, out):
-        shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype))
+        leaf = any(args[0] is t for t in inputs)
+        shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype, not leaf))
 
     probe_forward(nets, lambda cell: hook if isinstance(cell, nn.Conv2d) else None, run)
     return shapes
@@ -102,7 +107,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
         for name, cell in list(net.cells_and_names()):
             if not isinstance(cell, nn.Conv2d) or id(cell) not in shapes:
                 continue
-            shape, dtype = shapes[id(cell)]
+            shape, dtype, input_grad = shapes[id(cell)]
             row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
                    f"{cell.kernel_size[1]} s{cell.stride[0]}", "input": list(shape)}
             ok, why = supported(cell)
@@ -111,10 +116,10 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
             elif device in decide.NATIVE_FAST_DEVICES:
                 row.update(choice="native", reason=f"native convolutions are fast on {device}")
             else:
-                k = decide.key(device, cell, shape, dtype)
+                k = decide.key(device, cell, shape, dtype, input_grad)
                 cached = k in cache
                 if not cached and measure:
-                    cache[k] = decide.measure(cell, shape, dtype)
+                    cache[k] = decide.measure(cell, shape, dtype, input_grad)
                     dirty = True
                 found = cache.get(k)
                 if found is None:
@@ -186,19 +191,19 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
                         'Pass e.g. memory_budget_mb=500, or None for no cap.')
     inputs = tuple(x if isinstance(x, ms.Tensor) else ms.Tensor(x) for x in example_inputs)
     table, _ = run_pass([net], lambda: net(*inputs), memory_budget_mb=memory_budget_mb, device=device,
-                        cache_dir=cache_dir, measure=measure)
+                        cache_dir=cache_dir, measure=measure, inputs=inputs)
     return table
 
 
 def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None = None, device=None,
-             cache_dir=None, measure: bool = True) -> tuple[list[dict], float | None]:
+             cache_dir=None, measure: bool = True, inputs=()) -> tuple[list[dict], float | None]:
     """Probe the conv input shapes with one `run()`, fix the budget, rewrite; `(table, budget)`.
 
     The one sequence behind `optimize` and `TrainStep(optimize=...)`. `memory_budget_mb="auto"`
     derives the budget with `budget_mb` (from `native_peak_mb` when given), counting the probe's own
     memory against it."""
     before = rss_mb()
-    shapes = record_conv_inputs(nets, run)
+    shapes = record_conv_inputs(nets, run, inputs)
     if memory_budget_mb == "auto":
         memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
     table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
