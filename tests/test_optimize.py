@@ -170,7 +170,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     assert [k.endswith(" no-dx") for k in cache].count(True) == 1
     assert "no input gradient" in table[0]["reason"] and "no input gradient" not in table[1]["reason"]
     for key, entry in cache.items():
-        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-15|conv2d ")
+        assert key.startswith("CPU|mindspore-2.10.0|gemmconv-16|conv2d ")
         assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)

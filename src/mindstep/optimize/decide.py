@@ -23,7 +23,7 @@ from .conv import GemmConv2d, conv_pads, forms_for, single_tap
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-15"
+FORMULATION = "gemmconv-16"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -151,10 +151,15 @@ def choose(times: dict, memory: dict) -> str:
 
 
 class _Probe(nn.Cell):
+    """The layer's loss and gradients, as a training step computes them. The loss is returned too:
+    with only the gradients as outputs, MindSpore drops the forward (its output feeds nothing), and
+    the timing would leave out the forward convolution, which is where native CPU kernels are slowest."""
+
     def __init__(self, layer, input_grad: bool = True):
         super().__init__(auto_prefix=False)  # auto_prefix would rename the layer's Parameters
         self.layer = layer
-        self.grad = ms.grad(self._loss, grad_position=0 if input_grad else None, weights=layer.trainable_params())
+        self.grad = ms.value_and_grad(self._loss, grad_position=0 if input_grad else None,
+                                      weights=layer.trainable_params())
 
     def _loss(self, x):
         return self.layer(x).sum()
@@ -163,17 +168,25 @@ class _Probe(nn.Cell):
         return self.grad(x)
 
 
+def _sync(out) -> None:
+    """Wait for the loss and the first gradient (host copies)."""
+    loss, grads = out
+    while isinstance(grads, (tuple, list)):
+        grads = grads[0]
+    loss.asnumpy()
+    grads.asnumpy()
+
+
 def time_layer(layer: nn.Cell, x, repeats: int = 3, input_grad: bool = True) -> float:
     """Median ms of forward + input (if `input_grad`) and weight gradients, compiled in GRAPH_MODE
     (first call excluded)."""
     probe = _Probe(layer, input_grad)
     with graph_mode():
-        probe(x)[0].asnumpy()
+        _sync(probe(x))
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            out = probe(x)
-            out[0].asnumpy()
+            _sync(probe(x))
             times.append(time.perf_counter() - t0)
     return 1000.0 * statistics.median(times)
 
