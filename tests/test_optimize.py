@@ -160,29 +160,6 @@ def test_rewritten_net_trains_to_the_same_parameters(jit, tmp_path):
         np.testing.assert_allclose(results[1][1][name], value, rtol=1e-3, atol=1e-4, err_msg=name)
 
 
-def test_shapes_are_probed_on_one_sample_and_scaled_to_the_batch():
-    from mindstep.optimize.pass_ import probe_shapes
-
-    net, seen = small_net(), []
-    x = ms.Tensor(np.ones((4, 3, 8, 8), np.float32))
-
-    def forward(x):
-        seen.append(x.shape[0])
-        return net(x)
-
-    shapes = probe_shapes([net], forward, (x,))
-    assert seen == [1] and len(shapes) == 3 and all(shape[0] == 4 for shape, _, _ in shapes.values())
-    assert [grad for _, _, grad in shapes.values()].count(False) == 1  # the stem's input is the batch
-
-    def whole_batch_only(x):
-        seen.append(x.shape[0])
-        return net(x.reshape(4, 3, 8, 8))
-
-    seen.clear()
-    shapes = probe_shapes([net], whole_batch_only, (x,))
-    assert seen == [1, 4] and all(shape[0] == 4 for shape, _, _ in shapes.values())
-
-
 def test_decisions_are_measured_cached_and_reused(tmp_path):
     net = small_net()
     x = np.ones((2, 3, 8, 8), np.float32)

@@ -298,9 +298,9 @@ class TrainStep:
             t0 = time.perf_counter()
             opts = self.optimize
             self.optimize_report, self.optimize_budget_mb = run_pass(
-                self._nets, self.forward, tensors, memory_budget_mb=opts.get("memory_budget_mb", "auto"),
+                self._nets, lambda: self.forward(*tensors), memory_budget_mb=opts.get("memory_budget_mb", "auto"),
                 native_peak_mb=opts.get("native_peak_mb"), cache_dir=opts.get("cache_dir"),
-                measure=opts.get("measure", True))
+                measure=opts.get("measure", True), inputs=tensors)
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self._runner.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True

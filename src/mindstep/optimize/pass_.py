@@ -190,41 +190,20 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         raise bad_value("memory_budget_mb", memory_budget_mb, '"auto", None or a number of MB >= 0',
                         'Pass e.g. memory_budget_mb=500, or None for no cap.')
     inputs = tuple(x if isinstance(x, ms.Tensor) else ms.Tensor(x) for x in example_inputs)
-    table, _ = run_pass([net], net, inputs, memory_budget_mb=memory_budget_mb, device=device,
-                        cache_dir=cache_dir, measure=measure)
+    table, _ = run_pass([net], lambda: net(*inputs), memory_budget_mb=memory_budget_mb, device=device,
+                        cache_dir=cache_dir, measure=measure, inputs=inputs)
     return table
 
 
-def probe_shapes(nets, forward, inputs) -> dict:
-    """`record_conv_inputs` for `forward(*inputs)`, run on the first sample of the batch.
-
-    The eager probe's memory stays in the process (measured: 40 MB for rrdbnet at batch 4, 52 MB for
-    ResNet-50 at batch 32; 26 and 33 MB at batch 1), so it runs one sample and scales the recorded
-    batch dimensions by the batch size. Only the timing and memory estimates use that dimension (a
-    rewritten layer's geometry depends on height and width alone). If the forward fails on one
-    sample, or the batch is 1 already, it runs on the whole batch."""
-    first = inputs[0] if inputs else None
-    n = first.shape[0] if isinstance(first, ms.Tensor) and first.ndim >= 1 else 1
-    if n > 1:
-        one = tuple(t[:1] if isinstance(t, ms.Tensor) and t.ndim >= 1 and t.shape[0] == n else t for t in inputs)
-        try:
-            shapes = record_conv_inputs(nets, lambda: forward(*one), one)
-        except Exception:  # noqa: BLE001 - any failure on one sample: probe the whole batch instead
-            shapes = None
-        if shapes:
-            return {k: ((shape[0] * n,) + tuple(shape[1:]), dtype, grad) for k, (shape, dtype, grad) in shapes.items()}
-    return record_conv_inputs(nets, lambda: forward(*inputs), inputs)
-
-
-def run_pass(nets, forward, inputs, *, memory_budget_mb="auto", native_peak_mb: float | None = None, device=None,
-             cache_dir=None, measure: bool = True) -> tuple[list[dict], float | None]:
-    """Probe the conv input shapes of `forward(*inputs)`, fix the budget, rewrite; `(table, budget)`.
+def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None = None, device=None,
+             cache_dir=None, measure: bool = True, inputs=()) -> tuple[list[dict], float | None]:
+    """Probe the conv input shapes with one `run()`, fix the budget, rewrite; `(table, budget)`.
 
     The one sequence behind `optimize` and `TrainStep(optimize=...)`. `memory_budget_mb="auto"`
     derives the budget with `budget_mb` (from `native_peak_mb` when given), counting the probe's own
     memory against it."""
     before = rss_mb()
-    shapes = probe_shapes(nets, forward, inputs)
+    shapes = record_conv_inputs(nets, run, inputs)
     if memory_budget_mb == "auto":
         memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
     table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
