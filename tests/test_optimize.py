@@ -356,5 +356,5 @@ def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, f
     conv = nn.Conv2d(channels, channels, 3, stride, pad_mode="pad", padding=1)
     # layers 2 and 3 see new input sizes: with a stride, each is a configuration of its own
     estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) +
-                   (config_mb(conv, form) if stride > 1 else 0.0) for i in (1, 2))
+                   (config_mb(conv, form, (hw // stride ** i,) * 2) if stride > 1 else 0.0) for i in (1, 2))
     assert grow[3] - grow[1] <= at_most * estimate, (grow, estimate)

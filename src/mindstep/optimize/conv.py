@@ -62,6 +62,11 @@ def conv_pads(conv: nn.Conv2d, h: int, w: int) -> tuple[int, int, int, int]:
     return (0, 0, 0, 0)
 
 
+def _out_len(padded: int, k: int, s: int, d: int) -> int:
+    """Output length of a convolution along one axis of an already padded input."""
+    return (padded - d * (k - 1) - 1) // s + 1
+
+
 def _pad_op(pads):
     """A `Pad` primitive for (top, bottom, left, right) zero padding of NCHW tensors, or None.
 
@@ -116,13 +121,14 @@ def _reversal(taps: int) -> Tensor:
     return Tensor(np.eye(taps, dtype=np.float32)[::-1].copy())
 
 
-def _flip_taps(w, reversal):
-    """w (K, C, kh, kw) flipped along both spatial axes: the flattened tap index reversed, as a GEMM
-    with the anti-identity. Exact for finite weights, and ~15x faster than MindSpore 2.10's CPU
-    `ReverseV2` (a 512x512x3x3 kernel: 1.9 vs 30 ms; ReverseV2 took 14 % of a ResNet-18 step)."""
+def _input_grad_kernel(w, reversal):
+    """The input gradient's kernel (C, K*kh*kw): w (K, C, kh, kw) flipped along both spatial axes and
+    channel-transposed. The flip reverses the flattened tap index as a GEMM with the anti-identity:
+    exact for finite weights, and ~15x faster than MindSpore 2.10's CPU `ReverseV2` (a 512x512x3x3
+    kernel: 1.9 vs 30 ms; ReverseV2 took 14 % of a ResNet-18 step)."""
     k, c, kh, kw = w.shape
-    flipped = _MM(_RESHAPE(w, (k * c, kh * kw)), ops.cast(reversal, w.dtype))
-    return _RESHAPE(flipped, (k, c, kh, kw))
+    flipped = _RESHAPE(_MM(_RESHAPE(w, (k * c, kh * kw)), ops.cast(reversal, w.dtype)), (k, c, kh, kw))
+    return _RESHAPE(_TRANSPOSE(flipped, (1, 0, 2, 3)), (c, -1))
 
 
 def _correlate(im2col, xp, w2, ho, wo, one_gemm):
@@ -166,7 +172,7 @@ class _PhaseGrad(nn.Cell):
 
     def construct(self, dout, w):
         sub = w[:, :, self.ph::self.sh, self.pw::self.sw]
-        wf = _RESHAPE(_TRANSPOSE(_flip_taps(sub, self.reversal), (1, 0, 2, 3)), (w.shape[1], -1))
+        wf = _input_grad_kernel(sub, self.reversal)
         return _correlate(self.im2col, self.pad(dout), wf, self.mh, self.mw, self.one_gemm)
 
 
@@ -214,8 +220,7 @@ class _ConvFn(nn.Cell):
         t, b, l, r = pads
         h, w = input_hw
         hp, wp = h + t + b, w + l + r
-        self.ho = (hp - self.dh * (self.kh - 1) - 1) // self.sh + 1
-        self.wo = (wp - self.dw * (self.kw - 1) - 1) // self.sw + 1
+        self.ho, self.wo = _out_len(hp, self.kh, self.sh, self.dh), _out_len(wp, self.kw, self.sw, self.dw)
         pre, self.unfold_pad = _split_pads(pads)
         self.xp_hw = (h + pre[0] + pre[1], w + pre[2] + pre[3])  # after explicit padding
         self.pre_needed = pre != (0, 0, 0, 0)
@@ -286,7 +291,7 @@ class _ConvFn(nn.Cell):
             z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))[:, :, :self.zh, :self.zw]
         if self.z_pre_needed:
             z = self.z_pad(z)
-        wf = _RESHAPE(_TRANSPOSE(_flip_taps(w, self.reversal), (1, 0, 2, 3)), (c, -1))
+        wf = _input_grad_kernel(w, self.reversal)
         dx = _correlate(self.z_im2col, z, wf, self.dxh, self.dxw, self.one_gemm)
         if self.cropped:
             dx = dx[:, :, self.crop[0]:self.crop[1], self.crop[2]:self.crop[3]]
@@ -323,6 +328,19 @@ def _conv_fn(*config) -> _ConvFn:
     return fn
 
 
+def _pointwise(conv: nn.Conv2d, input_hw) -> bool:
+    """A stride-1, unpadded 1x1 conv: a plain matmul over the channels. (Strided 1x1 convs go through
+    `_ConvFn`: differentiating x[:, :, ::s, ::s] hits a PyNative StridedSliceGrad bug in MindSpore
+    2.10, "input memory out of bounds".)"""
+    return conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv_pads(conv, *input_hw) == (0, 0, 0, 0)
+
+
+def matmul_only(conv: nn.Conv2d, input_hw) -> bool:
+    """Whether `GemmConv2d` makes this layer, at this input size, a plain matmul (no `_ConvFn`: every
+    composed form is the same, and nothing extra is compiled or kept)."""
+    return _pointwise(conv, input_hw) or single_tap(conv, input_hw) is not None
+
+
 def single_tap(conv: nn.Conv2d, input_hw) -> int | None:
     """The flattened index of the only kernel tap that ever sees the input, for a 1x1 input whose
     output is 1x1 (e.g. a 3x3/pad-1 conv on ResNet's last 1x1 maps at 32 px: the other 8 taps see
@@ -331,9 +349,7 @@ def single_tap(conv: nn.Conv2d, input_hw) -> int | None:
         return None
     t, b, l, r = conv_pads(conv, 1, 1)
     (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
-    ho = (1 + t + b - dh * (kh - 1) - 1) // sh + 1
-    wo = (1 + l + r - dw * (kw - 1) - 1) // sw + 1
-    if (ho, wo) != (1, 1) or t % dh or l % dw:
+    if (_out_len(1 + t + b, kh, sh, dh), _out_len(1 + l + r, kw, sw, dw)) != (1, 1) or t % dh or l % dw:
         return None
     i, j = t // dh, l // dw
     return i * kw + j if i < kh and j < kw else None
@@ -364,9 +380,7 @@ class GemmConv2d(nn.Cell):
         self.kernel_size = conv.kernel_size
         self.stride = conv.stride
         pads = conv_pads(conv, *input_hw)
-        # strided 1x1 convs go through _ConvFn: differentiating x[:, :, ::s, ::s] hits a PyNative
-        # StridedSliceGrad bug in MindSpore 2.10 ("input memory out of bounds")
-        self.pointwise = conv.kernel_size == (1, 1) and pads == (0, 0, 0, 0) and conv.stride == (1, 1)
+        self.pointwise = _pointwise(conv, input_hw)
         self.tap = None if self.pointwise else single_tap(conv, input_hw)
         if self.tap is not None:
             kk = conv.kernel_size[0] * conv.kernel_size[1]
@@ -403,4 +417,4 @@ def supported(conv) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["GemmConv2d", "conv_pads", "same_pads", "single_tap", "supported"]
+__all__ = ["GemmConv2d", "conv_pads", "matmul_only", "same_pads", "single_tap", "supported"]

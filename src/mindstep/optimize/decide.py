@@ -19,7 +19,7 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import GemmConv2d, conv_pads, forms_for, single_tap
+from .conv import GemmConv2d, conv_pads, forms_for, matmul_only
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
@@ -126,12 +126,10 @@ CONFIG_MB = 15.0
 PHASE_MB = 6.0  # per stride phase cell
 
 
-def config_mb(conv: nn.Conv2d, form: str, input_hw=None) -> float:
-    """Compile-time memory of the first layer of a configuration in `form` (see CONFIG_MB); layers
-    that become a plain matmul compile no `_ConvFn`."""
-    if form == "native" or conv.kernel_size == (1, 1) and conv.stride == (1, 1):
-        return 0.0
-    if input_hw is not None and single_tap(conv, input_hw) is not None:
+def config_mb(conv: nn.Conv2d, form: str, input_hw) -> float:
+    """Compile-time memory of the first layer of a configuration in `form` at this input size (see
+    CONFIG_MB); layers that become a plain matmul compile no `_ConvFn`."""
+    if form == "native" or matmul_only(conv, input_hw):
         return 0.0
     phases = conv.stride[0] * conv.stride[1] if form.endswith("+phases") else 0
     return CONFIG_MB + PHASE_MB * phases
@@ -197,9 +195,8 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
     times = {"native": time_layer(conv, x, input_grad=input_grad)}
-    # a stride-1 1x1 layer, or one whose 1x1 input meets a single tap, is a plain matmul in every form
-    plain = conv.kernel_size == (1, 1) and conv.stride == (1, 1) or single_tap(conv, shape[2:]) is not None
-    forms = ("batched",) if plain else forms_for(conv)
+    # a layer that becomes a plain matmul is the same in every form: one is enough
+    forms = ("batched",) if matmul_only(conv, shape[2:]) else forms_for(conv)
     for form in forms:
         times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x, input_grad=input_grad)
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}

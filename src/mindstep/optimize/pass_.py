@@ -126,10 +126,9 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                     row.update(choice="native", reason="not measured (measure=False) and not in the cache")
                 else:
                     row.update({**found, "cached": cached})
-                    # memory is computed from the shapes (not cached), timings are measured; the first
-                    # layer of each composed configuration also carries its compile-time memory
+                    # timings are measured (cached), memory is computed from the shapes; the first layer
+                    # of each composed configuration (shared `_ConvFn`) also carries its compile memory
                     times = found.get("times", {})
-                    # the first layer of a composed configuration (shared `_ConvFn`) also compiles it
                     fn_key = (cell.kernel_size, cell.stride, cell.dilation, conv_pads(cell, shape[2], shape[3]),
                               tuple(shape[2:]))
                     first = fn_key not in configs
