@@ -44,10 +44,9 @@ def _check_optimize(optimize: Any) -> dict | None:
         raise bad_value("optimize", optimize, "a dict with `native_peak_mb` or `memory_budget_mb`, not both",
                         "Give the native peak (the budget is derived from it) or the budget itself.")
     for key in ("native_peak_mb", "memory_budget_mb"):
-        value = optimize.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise bad_value(f"optimize[{key!r}]", value, "a number of MB >= 0" + (" or None" if key ==
-                            "memory_budget_mb" else ""), f"e.g. optimize={{'{key}': 1200}}.")
+        if optimize.get(key) is not None:
+            check_float(f"optimize[{key!r}]", optimize[key], low=0.0, fix=f"e.g. optimize={{'{key}': 1200}}"
+                        + (", or None for no cap." if key == "memory_budget_mb" else "."))
     if "measure" in optimize:
         check_bool("optimize['measure']", optimize["measure"])
     return dict(optimize)

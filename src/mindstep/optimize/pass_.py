@@ -5,7 +5,7 @@ import mindspore as ms
 from mindspore import nn
 
 from .._probe import probe_forward
-from .._errors import bad_type, bad_value
+from .._errors import bad_type, check_float
 from . import decide
 from .conv import GemmConv2d, conv_pads, supported
 
@@ -184,10 +184,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         raise bad_type("net", net, "a mindspore.nn.Cell", "Pass the network to rewrite.")
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
-    if memory_budget_mb != "auto" and memory_budget_mb is not None and (isinstance(memory_budget_mb, bool) or
-                                           not isinstance(memory_budget_mb, (int, float)) or memory_budget_mb < 0):
-        raise bad_value("memory_budget_mb", memory_budget_mb, '"auto", None or a number of MB >= 0',
-                        'Pass e.g. memory_budget_mb=500, or None for no cap.')
+    if memory_budget_mb != "auto" and memory_budget_mb is not None:
+        check_float("memory_budget_mb", memory_budget_mb, low=0.0,
+                    fix='Pass "auto", None for no cap, or a number of MB, e.g. memory_budget_mb=500.')
     inputs = tuple(x if isinstance(x, ms.Tensor) else ms.Tensor(x) for x in example_inputs)
     table, _ = run_pass([net], lambda: net(*inputs), memory_budget_mb=memory_budget_mb, device=device,
                         cache_dir=cache_dir, measure=measure, inputs=inputs)
