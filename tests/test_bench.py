@@ -201,14 +201,15 @@ def test_calibration_bisects_to_the_largest_budget_within_the_peak_ratio(monkeyp
     cal = runner.calibrate_budget(cfg, {"mode": "jit-opt"}, 1000.0)
     # no cap: 1200 > 1250? no -> within
     assert seen == [None] and cal["chosen"] is None
-    kept = 800.0  # no cap: 1400 > 1250, so bisect between 0 and 0.8 * 800 = 640 MB
+    kept = 800.0  # no cap: 1400 > 1250, so bisect between 0 and RETAINED * 800 MB
     seen.clear()
     cal = runner.calibrate_budget(cfg, {"mode": "jit-opt"}, 1000.0)
     assert len(seen) == 1 + runner.CALIBRATION_STEPS and seen[1] == pytest.approx(RETAINED * 800 / 2)
     within = [t["memory_budget_mb"] for t in cal["trials"] if t["within"]]
     assert cal["chosen"] == max(within)
     assert all((t["peak_mem_mb"] <= 1250) == t["within"] for t in cal["trials"])
-    assert 1000 + cal["chosen"] / RETAINED * 0.5 <= 1250 < 1000 + (cal["chosen"] + 640 / 16) / RETAINED * 0.5
+    step = RETAINED * 800 / 2 ** runner.CALIBRATION_STEPS  # the bisection's final resolution
+    assert 1000 + cal["chosen"] / RETAINED * 0.5 <= 1250 < 1000 + (cal["chosen"] + step) / RETAINED * 0.5
 
 
 def test_calibration_falls_back_to_the_default_budget_when_nothing_fits(monkeypatch):

@@ -67,13 +67,13 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     how much a step really keeps is measured: in chains of composed layers 108 of 473 MB (one-gemm,
     stride 1), 23 of 89 MB (batched, stride 2) and 50 of 137 MB (one-gemm + phases, stride 2) for
     layers 2 and 3 (tests/test_optimize.py checks the bound), and about a third over whole networks
-    (`RETAINED`). Stride-1 1x1 layers are a plain matmul (MindSpore's own autodiff; ~0).
+    (`RETAINED`). Layers that become a plain matmul (`conv.matmul_only`; MindSpore's own
+    autodiff) add ~0.
     """
     n, c, h, w = shape
-    layer = GemmConv2d(conv, (h, w), form)
-    if layer.pointwise or layer.tap is not None:
+    if matmul_only(conv, (h, w)):
         return 0.0
-    fn = layer.fn
+    fn = GemmConv2d(conv, (h, w), form).fn
     k, kk = conv.out_channels, fn.kh * fn.kw
     l, ldx = fn.ho * fn.wo, fn.dxh * fn.dxw
     one = form.startswith("one-gemm")
