@@ -23,7 +23,7 @@ from .conv import GemmConv2d, conv_pads, forms_for, matmul_only
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-16"
+FORMULATION = "gemmconv-17"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -62,13 +62,13 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     The sum of the layer's temporaries, read off `_ConvFn`'s geometry: the forward's columns and
     GEMM operands, the recomputed columns and the weight-gradient GEMM's operands, the stride-dilated
     and padded output gradient, the flipped/transposed kernel, and the input gradient's columns and
-    GEMM outputs. MindSpore 2.10 does not free all of them between layers (a custom bprop that reads
-    its input holds more memory than one that does not), so the sum is what a layer may cost at most;
-    how much a step really keeps is measured: in chains of composed layers 108 of 473 MB (one-gemm,
-    stride 1), 23 of 89 MB (batched, stride 2) and 50 of 137 MB (one-gemm + phases, stride 2) for
-    layers 2 and 3 (tests/test_optimize.py checks the bound), and about a third over whole networks
-    (`RETAINED`). Layers that become a plain matmul (`conv.matmul_only`; MindSpore's own
-    autodiff) add ~0.
+    GEMM outputs. Not all of them are alive at once (`_ConvFn.bprop` orders its work so that a
+    layer's backward temporaries are freed before the next layer's backward), so the sum is what a
+    layer may cost at most; how much a step really keeps is measured: in chains of composed layers 36 of 473 MB (one-gemm,
+    stride 1), 15 of 246 MB (batched, stride 1), 39 of 89 MB (batched, stride 2) and 56 of 137 MB
+    (one-gemm + phases, stride 2) for layers 2 and 3 (tests/test_optimize.py checks the bound), and
+    a fraction over whole networks (`RETAINED`). Layers that become a plain matmul
+    (`conv.matmul_only`; MindSpore's own autodiff) add ~0.
     """
     n, c, h, w = shape
     if matmul_only(conv, (h, w)):
@@ -111,13 +111,14 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
 
 
 # The fraction of `extra_mb`'s upper bound that a whole training step actually keeps. Measured on CPU
-# (`mindstep bench --opt-memory-budget none`, peak RSS over the jit row's, divided by the summed
-# estimate of the composed layers): ResNet-18 at 32 px, batch 16, 157 of 474 MB (0.33); ResNet-50,
-# batch 32, 278 of 849 MB (0.33); rrdbnet 254 of 1075 MB (0.24). Before the composed forms stopped
-# using `Transpose` (whose memory MindSpore 2.10 never reuses within a step) these were 0.5-0.8. A bit
-# above the largest figure is used; this is an expectation, not a bound, and `mindstep bench`
-# calibrates its budget by measuring the peak instead.
-RETAINED = 0.4
+# (`mindstep bench --modes jit,jit-opt --opt-memory-budget none --json F`, jit-opt's peak RSS over the
+# jit row's, divided by the summed estimate (the report's `extra_mb`) of the composed layers):
+# ResNet-18 at 32 px, batch 16, 135 of 568 MB (0.24); ResNet-50, batch 32, 176 of 1420 MB (0.12);
+# rrdbnet -13 of 1294 MB (0). It was 0.5-0.8 while the composed forms used `Transpose` (whose memory
+# MindSpore 2.10 never reuses within a step) and 0.24-0.33 before `_ConvFn.bprop` ordered its work
+# (see there). A bit above the largest figure is used; this is an expectation, not a bound, and
+# `mindstep bench` calibrates its budget by measuring the peak instead.
+RETAINED = 0.3
 
 # Compile-time memory of one distinct composed configuration (each `_ConvFn` instance is compiled into
 # graphs of its own; layers sharing a configuration share them). Measured on CPU with 8 stride-2
