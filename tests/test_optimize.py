@@ -161,6 +161,7 @@ def test_rewritten_net_trains_to_the_same_parameters(jit, tmp_path):
 
 
 def test_decisions_are_measured_cached_and_reused(tmp_path):
+    from mindstep.optimize.conv import FORMS
     from mindstep.optimize.decide import FORMULATION
 
     net = small_net()
@@ -173,7 +174,8 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     assert "no input gradient" in table[0]["reason"] and "no input gradient" not in table[1]["reason"]
     for key, entry in cache.items():
         assert key.startswith(f"CPU|mindspore-2.10.0|{FORMULATION}|conv2d ")
-        assert entry["choice"] in ("native", "batched", "one-gemm") and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
+        # the strided conv has the "+phases" forms too (a loaded machine has seen batched+phases win)
+        assert entry["choice"] in ("native", *FORMS) and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
     assert [r["choice"] for r in again] == [r["choice"] for r in table]
@@ -299,7 +301,11 @@ def test_train_step_reports_the_budget_it_kept_to(tmp_path):
                               nn.SGD(net.trainable_params(), 0.1),
                               optimize={"memory_budget_mb": 0, "cache_dir": str(tmp_path)})
     step(ms.Tensor(np.ones((2, 3, 8, 8), np.float32)), ms.Tensor(np.zeros(2, np.int32)))
-    assert step.optimize_budget_mb == 0 and all(r["choice"] == "native" for r in step.optimize_report)
+    # a zero budget leaves composed only what costs nothing: the 1x1 conv, a plain matmul, may win its
+    # timing (it did on a loaded machine); the 3x3 convs go back to native
+    table = step.optimize_report
+    assert step.optimize_budget_mb == 0 and all(r["choice"] == "native" or r["extra_mb"] == 0 for r in table)
+    assert [r["choice"] for r in table[:2]] == ["native", "native"]
 
 
 _RETAINED = """
