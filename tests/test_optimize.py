@@ -26,6 +26,7 @@ GRID = [
     (4, 6, 3, 1, "same", 0, 2, True, 8),
     (4, 6, 5, 3, "pad", 2, 1, False, 11),
     (4, 6, 1, 1, "same", 0, 1, True, 5),       # pointwise
+    (4, 6, 1, 1, "valid", 0, 1, False, 1),     # pointwise on a 1x1 input: one (N, C) x (C, K) GEMM
     (4, 6, 1, 2, "same", 0, 1, False, 6),      # strided pointwise (ResNet downsample)
     (4, 6, (3, 1), 1, "same", 0, 1, False, 6),  # non-square kernel
     (2, 3, 3, 1, "pad", (1, 0, 2, 1), 1, True, 6),  # asymmetric explicit padding
@@ -92,6 +93,21 @@ def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():
     assert layer.tap == 4 and layer.fn is None  # the centre tap; no _ConvFn
     assert extra_mb(conv, (2, 4, 1, 1), "one-gemm") == 0.0 and config_mb(conv, "one-gemm", (1, 1)) == 0.0
     assert GemmConv2d(conv, (2, 2), "one-gemm").tap is None and config_mb(conv, "one-gemm", (2, 2)) > 0
+
+
+def test_pointwise_layers_time_both_forms_and_single_tap_layers_one():
+    """A stride-1 1x1 conv's forms differ (kernel broadcast over the batch vs one GEMM over the folded
+    batch), also on a 1x1 input, where `single_tap` finds its only tap too; a 3x3 layer on a 1x1 input
+    is the same GEMM in every form."""
+    from mindstep.optimize.decide import extra_mb, measure
+
+    pw = make_conv(8, 6, 1, 1, "valid", 0, 1, False)
+    for hw in (1, 2):
+        assert set(measure(pw, (4, 8, hw, hw), ms.float32)["times"]) == {"native", "batched", "one-gemm"}
+    assert extra_mb(pw, (4, 8, 1, 1), "one-gemm") == 0.0 < extra_mb(pw, (4, 8, 2, 2), "one-gemm")
+    assert extra_mb(pw, (4, 8, 1, 1), "batched") > 0  # the kernel broadcast over the batch
+    tap = make_conv(8, 6, 3, 1, "pad", 1, 1, False)
+    assert set(measure(tap, (4, 8, 1, 1), ms.float32)["times"]) == {"native", "batched"}
 
 
 def test_input_gradient_uses_exact_padding_unless_padding_exceeds_the_kernel():

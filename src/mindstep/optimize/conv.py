@@ -338,7 +338,7 @@ def _conv_fn(*config) -> _ConvFn:
     return fn
 
 
-def _pointwise(conv: nn.Conv2d, input_hw) -> bool:
+def pointwise(conv: nn.Conv2d, input_hw) -> bool:
     """A stride-1, unpadded 1x1 conv: a plain matmul over the channels. (Strided 1x1 convs go through
     `_ConvFn`: differentiating x[:, :, ::s, ::s] hits a PyNative StridedSliceGrad bug in MindSpore
     2.10, "input memory out of bounds".)"""
@@ -346,9 +346,9 @@ def _pointwise(conv: nn.Conv2d, input_hw) -> bool:
 
 
 def matmul_only(conv: nn.Conv2d, input_hw) -> bool:
-    """Whether `GemmConv2d` makes this layer, at this input size, a plain matmul (no `_ConvFn`: every
-    composed form is the same, and nothing extra is compiled or kept)."""
-    return _pointwise(conv, input_hw) or single_tap(conv, input_hw) is not None
+    """Whether `GemmConv2d` makes this layer, at this input size, a plain matmul differentiated by
+    MindSpore's own autodiff (no `_ConvFn`: nothing extra is compiled)."""
+    return pointwise(conv, input_hw) or single_tap(conv, input_hw) is not None
 
 
 def single_tap(conv: nn.Conv2d, input_hw) -> int | None:
@@ -368,7 +368,9 @@ def single_tap(conv: nn.Conv2d, input_hw) -> int | None:
 class GemmConv2d(nn.Cell):
     """Drop-in for an `nn.Conv2d` at one input size: the same Parameter objects, GEMM arithmetic.
 
-    Stride-1 1x1 convolutions become a plain matmul, and so do layers whose 1x1 input only ever meets
+    Stride-1 1x1 convolutions become a plain matmul ("batched": the kernel broadcast over the batch;
+    "one-gemm": one GEMM over the batch folded next to the positions, which at ResNet-50's 1x1 and
+    2x2 maps ran 5-37x faster than the broadcast and 3-6x faster than native), and so do layers whose 1x1 input only ever meets
     one kernel tap (`single_tap`; the tap is picked by a GEMM with a one-hot vector, so its weight
     gradient lands in that tap and the others get exact zeros), both differentiated by MindSpore's
     own autodiff; the others use `_ConvFn`'s hand-written backward.
@@ -380,6 +382,7 @@ class GemmConv2d(nn.Cell):
             raise ValueError(f"`form` must be one of {forms_for(conv)} for this layer, but got {form!r} "
                              "(the '+phases' forms need a stride > 1 and no dilation).")
         self.form = form
+        self.one_gemm = form.startswith("one-gemm")
         if conv.group != 1:
             raise ValueError(f"GemmConv2d rewrites group=1 convolutions only; this one has group={conv.group}.")
         self.weight = conv.weight
@@ -390,7 +393,7 @@ class GemmConv2d(nn.Cell):
         self.kernel_size = conv.kernel_size
         self.stride = conv.stride
         pads = conv_pads(conv, *input_hw)
-        self.pointwise = _pointwise(conv, input_hw)
+        self.pointwise = pointwise(conv, input_hw)
         self.tap = None if self.pointwise else single_tap(conv, input_hw)
         if self.tap is not None:
             kk = conv.kernel_size[0] * conv.kernel_size[1]
@@ -402,8 +405,15 @@ class GemmConv2d(nn.Cell):
     def construct(self, x):
         if self.pointwise:
             n, c, h, w = x.shape
-            y = ops.matmul(self.weight.reshape(self.out_channels, c), x.reshape(n, c, h * w))
-            y = y.reshape(n, self.out_channels, h, w)
+            k, l = self.out_channels, h * w
+            w2 = _RESHAPE(self.weight, (k, c))
+            if not self.one_gemm:  # W broadcast over the batch (best at large spatial sizes)
+                y = ops.matmul(w2, _RESHAPE(x, (n, c, l)))
+            elif l == 1:  # one (N, C) x (C, K) GEMM, nothing to move
+                y = _MM_NT(_RESHAPE(x, (n, c)), w2)
+            else:  # one GEMM over (C, N*L), the batch folded next to the positions
+                y = _unfold_batch(_MM(w2, _fold(_RESHAPE(x, (n, c, l)))), n)
+            y = _RESHAPE(y, (n, k, h, w))
         elif self.tap is not None:
             n, c = x.shape[0], x.shape[1]
             k, kk = self.out_channels, self.kernel_size[0] * self.kernel_size[1]
@@ -427,4 +437,4 @@ def supported(conv) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["GemmConv2d", "conv_pads", "matmul_only", "same_pads", "single_tap", "supported"]
+__all__ = ["GemmConv2d", "conv_pads", "matmul_only", "pointwise", "same_pads", "single_tap", "supported"]

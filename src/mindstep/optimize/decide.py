@@ -19,11 +19,11 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import GemmConv2d, conv_pads, forms_for, matmul_only
+from .conv import GemmConv2d, conv_pads, forms_for, matmul_only, pointwise, single_tap
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-17"
+FORMULATION = "gemmconv-18"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -68,9 +68,15 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     stride 1), 15 of 246 MB (batched, stride 1), 39 of 89 MB (batched, stride 2) and 56 of 137 MB
     (one-gemm + phases, stride 2) for layers 2 and 3 (tests/test_optimize.py checks the bound), and
     a fraction over whole networks (`RETAINED`). Layers that become a plain matmul
-    (`conv.matmul_only`; MindSpore's own autodiff) add ~0.
+    (`conv.matmul_only`; MindSpore's own autodiff) add only their operands' copies: the broadcast
+    kernel, or the batch-folded input and output gradient; ~0 on a 1x1 input.
     """
     n, c, h, w = shape
+    if pointwise(conv, (h, w)):
+        k, l = conv.out_channels, h * w
+        if not form.startswith("one-gemm"):
+            return 4.0 * 2 * n * k * c / 2**20  # the kernel broadcast over the batch, per-sample dW products
+        return 0.0 if l == 1 else 4.0 * 2 * n * l * (c + k) / 2**20  # x and dY folded, y and dX unfolded
     if matmul_only(conv, (h, w)):
         return 0.0
     fn = GemmConv2d(conv, (h, w), form).fn
@@ -196,8 +202,10 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
     times = {"native": time_layer(conv, x, input_grad=input_grad)}
-    # a layer that becomes a plain matmul is the same in every form: one is enough
-    forms = ("batched",) if matmul_only(conv, shape[2:]) else forms_for(conv)
+    # a layer whose 1x1 input meets one tap of a larger kernel is the same (N, C) x (C, K) GEMM in every
+    # form (a stride-1 1x1 conv is not: its forms differ, see GemmConv2d)
+    same = not pointwise(conv, shape[2:]) and single_tap(conv, shape[2:]) is not None
+    forms = ("batched",) if same else forms_for(conv)
     for form in forms:
         times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x, input_grad=input_grad)
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
