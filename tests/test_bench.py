@@ -129,6 +129,21 @@ def test_profile_top_ops_ranks_by_total_time(tmp_path):
     assert ops[0]["percent"] == pytest.approx(60.0) and ops[0]["calls"] == 6
 
 
+def test_profile_top_ops_reads_only_the_newest_run(tmp_path):
+    """A second `--profile` run into the same directory reports its own ops, not the sum of both."""
+    import os
+
+    header = "op_type,type_occurrences,execution_frequency(per-step),total_compute_time,avg_time(ms),percent\n"
+    for i, (run, body) in enumerate([("vm_1_20261130010000_ascend_ms", "Conv2D,3,1,15.0,5.0,1.0\n"),
+                                     ("vm_2_20261130020000_ascend_ms", "MatMul,6,2,30.0,5.0,1.0\n")]):
+        d = tmp_path / "jit" / run / "FRAMEWORK"
+        d.mkdir(parents=True)
+        (d / "cpu_op_type_info_0.csv").write_text(header + body)
+        os.utime(d / "cpu_op_type_info_0.csv", (1000 + i, 1000 + i))
+    ops = profile.top_ops(str(tmp_path / "jit"))
+    assert [(o["op"], o["calls"]) for o in ops] == [("MatMul", 6)]
+
+
 def test_flops_of_dense_and_conv_match_the_formula():
     net = nn.SequentialCell(nn.Conv2d(3, 8, 3, pad_mode="same"), nn.Flatten(), nn.Dense(8 * 6 * 6, 5))
     flops = forward_flops(net, (ms.Tensor(np.ones((2, 3, 6, 6), np.float32)),))

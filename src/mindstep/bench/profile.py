@@ -9,11 +9,19 @@ import os
 def top_ops(profile_dir: str, n: int = 10) -> list[dict]:
     """Top-n op types by total compute time from `FRAMEWORK/cpu_op_type_info_*.csv` under profile_dir.
 
+    Only the newest profiler run is read: each run writes a directory of its own
+    (`<host>_<pid>_<timestamp>_ascend_ms`), and a directory reused by an earlier `--profile` run must
+    not add that run's ops to this one's.
+
     Returns `[{"op", "total_ms", "calls", "percent"}]`; empty when the profiler wrote no CPU table
     (on GPU/Ascend read the trace in `ASCEND_PROFILER_OUTPUT/trace_view.json` instead).
     """
+    paths = glob.glob(os.path.join(profile_dir, "**", "cpu_op_type_info_*.csv"), recursive=True)
+    if paths:
+        newest = os.path.dirname(max(paths, key=os.path.getmtime))
+        paths = [p for p in paths if os.path.dirname(p) == newest]
     rows = {}
-    for path in glob.glob(os.path.join(profile_dir, "**", "cpu_op_type_info_*.csv"), recursive=True):
+    for path in paths:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 op = r["op_type"]
