@@ -33,6 +33,9 @@ _MM_NT = ops.MatMul(transpose_b=True)
 _RESHAPE = ops.Reshape()
 _TRANSPOSE = ops.Transpose()
 _SUM = ops.ReduceSum()
+_SLICE = ops.Slice()
+_MM_TN = ops.MatMul(transpose_a=True)
+_BMM_TN = ops.BatchMatMul(transpose_a=True)
 
 
 def forms_for(conv) -> tuple:
@@ -116,19 +119,43 @@ def _unfold_batch(y, n):
     return ops.Concat(0)(ops.Split(2, n)(_RESHAPE(y, (1, a, nl))))
 
 
-def _reversal(taps: int) -> Tensor:
-    """The (taps, taps) anti-identity: `x @ J` reverses the last axis of x."""
-    return Tensor(np.eye(taps, dtype=np.float32)[::-1].copy())
+def _tap_map(kernel, stride=(1, 1), phase=(0, 0)) -> Tensor | None:
+    """(taps, kh*kw) one-hot rows: row a*tw + b picks the kernel tap that the input gradient's
+    correlation uses at (a, b), i.e. the (stride-phase sub-)kernel flipped along both spatial axes.
+    None for a 1x1 kernel (nothing to pick or flip)."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, phase
+    if (kh, kw) == (1, 1):
+        return None
+    th, tw = len(range(ph, kh, sh)), len(range(pw, kw, sw))
+    m = np.zeros((th * tw, kh * kw), np.float32)
+    for a in range(th):
+        for b in range(tw):
+            m[a * tw + b, (ph + sh * (th - 1 - a)) * kw + pw + sw * (tw - 1 - b)] = 1.0
+    return Tensor(m)
 
 
-def _input_grad_kernel(w, reversal):
-    """The input gradient's kernel (C, K*kh*kw): w (K, C, kh, kw) flipped along both spatial axes and
-    channel-transposed. The flip reverses the flattened tap index as a GEMM with the anti-identity:
-    exact for finite weights, and ~15x faster than MindSpore 2.10's CPU `ReverseV2` (a 512x512x3x3
-    kernel: 1.9 vs 30 ms; ReverseV2 took 14 % of a ResNet-18 step)."""
+def _input_grad_kernel(w, tap_map):
+    """The input gradient's kernel, transposed: (K*taps, C), row k*taps + t holding the flipped
+    (sub-)kernel's tap t of output channel k; a GEMM contracts it with transpose_a.
+
+    One batched GEMM with the one-hot `tap_map` picks, flips and lays out the taps, exactly (for
+    finite weights). It replaces a `StridedSlice` (the stride-phase sub-kernel), a `ReverseV2` (the
+    flip) and a `Transpose` (channels), which MindSpore 2.10's CPU kernels run far slower than their
+    size suggests: profiled in a ResNet-50 step (32 px, batch 32), 18.8 ms to slice a 1024x512x1x1
+    kernel, 11.8 ms to transpose a 2048x1024 one; ReverseV2 took 30 ms for 512x512x3x3.
+    """
     k, c, kh, kw = w.shape
-    flipped = _RESHAPE(_MM(_RESHAPE(w, (k * c, kh * kw)), ops.cast(reversal, w.dtype)), (k, c, kh, kw))
-    return _RESHAPE(_TRANSPOSE(flipped, (1, 0, 2, 3)), (c, -1))
+    if tap_map is None:  # a 1x1 kernel: (K, C) is already the layout
+        return _RESHAPE(w, (k, c))
+    taps = tap_map.shape[0]
+    picks = ops.BroadcastTo((k, taps, kh * kw))(ops.cast(tap_map, w.dtype))
+    return _RESHAPE(_BMM_NT(picks, _RESHAPE(w, (k, c, kh * kw))), (k * taps, c))
+
+
+def _crop(x, top, left, h, w):
+    """x[:, :, top:top+h, left:left+w] with the `Slice` primitive: MindSpore 2.10's CPU `StridedSlice`
+    (what indexing becomes) copied a 32x128x10x10 tensor in 5.9 ms, `Slice` in 0.5 ms."""
+    return _SLICE(x, (0, 0, top, left), (x.shape[0], x.shape[1], h, w))
 
 
 def _correlate(im2col, xp, w2, ho, wo, one_gemm):
@@ -150,6 +177,20 @@ def _correlate(im2col, xp, w2, ho, wo, one_gemm):
     return _RESHAPE(ops.matmul(w2, cols), (n, k, ho, wo))
 
 
+def _correlate_t(im2col, xp, w2t, ho, wo, one_gemm):
+    """`_correlate` with the kernel given transposed, (C*kh*kw, K), and contracted with transpose_a
+    (see `_input_grad_kernel`). A function of its own: a branch on a flag here fails to compile
+    inside a custom bprop in MindSpore 2.10 ("func graph is empty")."""
+    n = xp.shape[0]
+    k = w2t.shape[1]
+    l = ho * wo
+    cols = _RESHAPE(im2col(xp), (n, -1, l))
+    if one_gemm:
+        y = _MM_TN(w2t, _fold(cols))
+        return _RESHAPE(_unfold_batch(y, n), (n, k, ho, wo))
+    return _RESHAPE(_BMM_TN(ops.BroadcastTo((n,) + w2t.shape)(w2t), cols), (n, k, ho, wo))
+
+
 class _PhaseGrad(nn.Cell):
     """One stride phase of a strided convolution's input gradient (see `_ConvFn`).
 
@@ -159,21 +200,21 @@ class _PhaseGrad(nn.Cell):
     dY, and no zero insertion.
     """
 
-    def __init__(self, phase_h, phase_w, stride, taps_hw, dy_pads, out_hw, one_gemm):
+    def __init__(self, kernel, phase_h, phase_w, stride, taps_hw, dy_pads, out_hw, one_gemm):
         super().__init__()
-        self.ph, self.pw = phase_h, phase_w
-        self.sh, self.sw = stride
         self.mh, self.mw = out_hw
         self.one_gemm = one_gemm
         self.taps = taps_hw
-        self.reversal = _reversal(taps_hw[0] * taps_hw[1])
+        self.tap_map = _tap_map(kernel, stride, (phase_h, phase_w))
+        self.padded = tuple(dy_pads) != (0, 0, 0, 0)
         self.pad = ops.Pad(((0, 0), (0, 0), (dy_pads[0], dy_pads[1]), (dy_pads[2], dy_pads[3])))
         self.im2col = Im2Col(ksizes=taps_hw, strides=(1, 1), dilations=(1, 1), pads=(0, 0))
 
     def construct(self, dout, w):
-        sub = w[:, :, self.ph::self.sh, self.pw::self.sw]
-        wf = _input_grad_kernel(sub, self.reversal)
-        return _correlate(self.im2col, self.pad(dout), wf, self.mh, self.mw, self.one_gemm)
+        wt = _input_grad_kernel(w, self.tap_map)
+        if self.padded:
+            dout = self.pad(dout)
+        return _correlate_t(self.im2col, dout, wt, self.mh, self.mw, self.one_gemm)
 
 
 class _PhaseZero(nn.Cell):
@@ -201,7 +242,7 @@ def _phase_cells(kernel, stride, ho_wo, padded_hw, one_gemm):
                 cells.append(_PhaseZero((mh, mw)))
             else:
                 pads = (th - 1, mh - ho, tw - 1, mw - wo)
-                cells.append(_PhaseGrad(ph, pw, stride, (th, tw), pads, (mh, mw), one_gemm))
+                cells.append(_PhaseGrad(kernel, ph, pw, stride, (th, tw), pads, (mh, mw), one_gemm))
     return cells, (mh, mw)
 
 
@@ -250,13 +291,15 @@ class _ConvFn(nn.Cell):
         self.z_im2col = Im2Col(ksizes=(self.kh, self.kw), strides=(1, 1), dilations=(self.dh, self.dw),
                                pads=_pair(self.z_unfold_pad))
         self.crop = (t, t + h, l, l + w)
-        self.reversal = _reversal(self.kh * self.kw)
+        self.tap_map = _tap_map(kernel)
+        self.z_sliced = (self.zh, self.zw) != (self.ho * self.sh, self.wo * self.sw)
         # strided, undilated (the "+phases" forms): the input gradient by stride phases (no zero
         # insertion, s*s fewer columns; more, smaller GEMMs, so it is measured against the other form)
         self.by_phase = by_phase
         if self.by_phase:
             cells, (self.mh, self.mw) = _phase_cells(kernel, stride, (self.ho, self.wo), (hp, wp), one_gemm)
             self.phases = nn.CellList(cells)
+            self.phase_cropped = (t, l, h, w) != (0, 0, self.mh * self.sh, self.mw * self.sw)
             self.stack_w = ops.Stack(axis=-1)
             self.stack_h = ops.Stack(axis=3)
 
@@ -298,13 +341,15 @@ class _ConvFn(nn.Cell):
         z = dout
         if self.strided:
             z = self.dilate(_RESHAPE(dout, (n, k, self.ho, 1, self.wo, 1)))
-            z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))[:, :, :self.zh, :self.zw]
+            z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))
+            if self.z_sliced:
+                z = _crop(z, 0, 0, self.zh, self.zw)
         if self.z_pre_needed:
             z = self.z_pad(z)
-        wf = _input_grad_kernel(w, self.reversal)
-        dx = _correlate(self.z_im2col, z, wf, self.dxh, self.dxw, self.one_gemm)
+        wt = _input_grad_kernel(w, self.tap_map)
+        dx = _correlate_t(self.z_im2col, z, wt, self.dxh, self.dxw, self.one_gemm)
         if self.cropped:
-            dx = dx[:, :, self.crop[0]:self.crop[1], self.crop[2]:self.crop[3]]
+            dx = _crop(dx, self.crop[0], self.crop[2], self.crop[1] - self.crop[0], self.crop[3] - self.crop[2])
         return dx, dw
 
 
@@ -317,7 +362,9 @@ class _ConvFn(nn.Cell):
             row = self.stack_w(outs[i * self.sw:(i + 1) * self.sw])         # (n, c, mh, mw, sw)
             rows = rows + (_RESHAPE(row, (n, c, self.mh, self.mw * self.sw)),)
         dxp = _RESHAPE(self.stack_h(rows), (n, c, self.mh * self.sh, self.mw * self.sw))  # interleaved
-        return dxp[:, :, self.crop[0]:self.crop[1], self.crop[2]:self.crop[3]]
+        if self.phase_cropped:
+            dxp = _crop(dxp, self.crop[0], self.crop[2], self.crop[1] - self.crop[0], self.crop[3] - self.crop[2])
+        return dxp
 
 
 _FNS: dict = {}
