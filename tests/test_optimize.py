@@ -97,7 +97,7 @@ def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():
 
 def test_pointwise_layers_time_both_forms_and_single_tap_layers_one():
     """A stride-1 1x1 conv's forms differ (kernel broadcast over the batch vs one GEMM over the folded
-    batch), also on a 1x1 input, where `single_tap` finds its only tap too; a 3x3 layer on a 1x1 input
+    batch), also on a 1x1 input, where its one tap is not `single_tap`'s case; a 3x3 layer on a 1x1 input
     is the same GEMM in every form."""
     from mindstep.optimize.decide import extra_mb, measure
 

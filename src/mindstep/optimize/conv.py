@@ -31,7 +31,6 @@ _BMM_NT = ops.BatchMatMul(transpose_b=True)
 _MM = ops.MatMul()
 _MM_NT = ops.MatMul(transpose_b=True)
 _RESHAPE = ops.Reshape()
-_TRANSPOSE = ops.Transpose()
 _SUM = ops.ReduceSum()
 _SLICE = ops.Slice()
 _MM_TN = ops.MatMul(transpose_a=True)
@@ -152,9 +151,11 @@ def _input_grad_kernel(w, tap_map):
     return _RESHAPE(_BMM_NT(picks, _RESHAPE(w, (k, c, kh * kw))), (k * taps, c))
 
 
-def _crop(x, top, left, h, w):
-    """x[:, :, top:top+h, left:left+w] with the `Slice` primitive: MindSpore 2.10's CPU `StridedSlice`
-    (what indexing becomes) copied a 32x128x10x10 tensor in 5.9 ms, `Slice` in 0.5 ms."""
+def _crop(x, box):
+    """x[:, :, top:top+h, left:left+w] for box (top, left, h, w), with the `Slice` primitive:
+    MindSpore 2.10's CPU `StridedSlice` (what indexing becomes) copied a 32x128x10x10 tensor in
+    5.9 ms, `Slice` in 0.5 ms."""
+    top, left, h, w = box
     return _SLICE(x, (0, 0, top, left), (x.shape[0], x.shape[1], h, w))
 
 
@@ -179,8 +180,9 @@ def _correlate(im2col, xp, w2, ho, wo, one_gemm):
 
 def _correlate_t(im2col, xp, w2t, ho, wo, one_gemm):
     """`_correlate` with the kernel given transposed, (C*kh*kw, K), and contracted with transpose_a
-    (see `_input_grad_kernel`). A function of its own: a branch on a flag here fails to compile
-    inside a custom bprop in MindSpore 2.10 ("func graph is empty")."""
+    (see `_input_grad_kernel`). A function of its own: a flag, a conditional expression or GEMM
+    primitives passed as arguments all fail to compile inside a custom bprop in MindSpore 2.10
+    ("func graph is empty"; tried)."""
     n = xp.shape[0]
     k = w2t.shape[1]
     l = ho * wo
@@ -290,7 +292,7 @@ class _ConvFn(nn.Cell):
                              pads=_pair(self.unfold_pad))
         self.z_im2col = Im2Col(ksizes=(self.kh, self.kw), strides=(1, 1), dilations=(self.dh, self.dw),
                                pads=_pair(self.z_unfold_pad))
-        self.crop = (t, t + h, l, l + w)
+        self.crop = (t, l, h, w)  # the input positions within the padded input gradient
         self.tap_map = _tap_map(kernel)
         self.z_sliced = (self.zh, self.zw) != (self.ho * self.sh, self.wo * self.sw)
         # strided, undilated (the "+phases" forms): the input gradient by stride phases (no zero
@@ -299,7 +301,7 @@ class _ConvFn(nn.Cell):
         if self.by_phase:
             cells, (self.mh, self.mw) = _phase_cells(kernel, stride, (self.ho, self.wo), (hp, wp), one_gemm)
             self.phases = nn.CellList(cells)
-            self.phase_cropped = (t, l, h, w) != (0, 0, self.mh * self.sh, self.mw * self.sw)
+            self.phase_cropped = self.crop != (0, 0, self.mh * self.sh, self.mw * self.sw)
             self.stack_w = ops.Stack(axis=-1)
             self.stack_h = ops.Stack(axis=3)
 
@@ -343,13 +345,13 @@ class _ConvFn(nn.Cell):
             z = self.dilate(_RESHAPE(dout, (n, k, self.ho, 1, self.wo, 1)))
             z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))
             if self.z_sliced:
-                z = _crop(z, 0, 0, self.zh, self.zw)
+                z = _crop(z, (0, 0, self.zh, self.zw))
         if self.z_pre_needed:
             z = self.z_pad(z)
         wt = _input_grad_kernel(w, self.tap_map)
         dx = _correlate_t(self.z_im2col, z, wt, self.dxh, self.dxw, self.one_gemm)
         if self.cropped:
-            dx = _crop(dx, self.crop[0], self.crop[2], self.crop[1] - self.crop[0], self.crop[3] - self.crop[2])
+            dx = _crop(dx, self.crop)
         return dx, dw
 
 
@@ -363,7 +365,7 @@ class _ConvFn(nn.Cell):
             rows = rows + (_RESHAPE(row, (n, c, self.mh, self.mw * self.sw)),)
         dxp = _RESHAPE(self.stack_h(rows), (n, c, self.mh * self.sh, self.mw * self.sw))  # interleaved
         if self.phase_cropped:
-            dxp = _crop(dxp, self.crop[0], self.crop[2], self.crop[1] - self.crop[0], self.crop[3] - self.crop[2])
+            dxp = _crop(dxp, self.crop)
         return dxp
 
 
@@ -401,8 +403,8 @@ def matmul_only(conv: nn.Conv2d, input_hw) -> bool:
 def single_tap(conv: nn.Conv2d, input_hw) -> int | None:
     """The flattened index of the only kernel tap that ever sees the input, for a 1x1 input whose
     output is 1x1 (e.g. a 3x3/pad-1 conv on ResNet's last 1x1 maps at 32 px: the other 8 taps see
-    only padding); None otherwise."""
-    if tuple(input_hw) != (1, 1):
+    only padding); None otherwise, and for a `pointwise` layer (its own plain-matmul forms)."""
+    if tuple(input_hw) != (1, 1) or pointwise(conv, input_hw):
         return None
     t, b, l, r = conv_pads(conv, 1, 1)
     (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
@@ -417,10 +419,10 @@ class GemmConv2d(nn.Cell):
 
     Stride-1 1x1 convolutions become a plain matmul ("batched": the kernel broadcast over the batch;
     "one-gemm": one GEMM over the batch folded next to the positions, which at ResNet-50's 1x1 and
-    2x2 maps ran 5-37x faster than the broadcast and 3-6x faster than native), and so do layers whose 1x1 input only ever meets
-    one kernel tap (`single_tap`; the tap is picked by a GEMM with a one-hot vector, so its weight
-    gradient lands in that tap and the others get exact zeros), both differentiated by MindSpore's
-    own autodiff; the others use `_ConvFn`'s hand-written backward.
+    2x2 maps ran 5-37x faster than the broadcast and 3-6x faster than native), and so do layers
+    whose 1x1 input only ever meets one kernel tap (`single_tap`; the tap is picked by a GEMM with a
+    one-hot vector, so its weight gradient lands in that tap and the others get exact zeros), both
+    differentiated by MindSpore's own autodiff; the others use `_ConvFn`'s hand-written backward.
     """
 
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched"):
@@ -441,12 +443,12 @@ class GemmConv2d(nn.Cell):
         self.stride = conv.stride
         pads = conv_pads(conv, *input_hw)
         self.pointwise = pointwise(conv, input_hw)
-        self.tap = None if self.pointwise else single_tap(conv, input_hw)
+        self.tap = single_tap(conv, input_hw)
         if self.tap is not None:
             kk = conv.kernel_size[0] * conv.kernel_size[1]
             self.select = Tensor(np.eye(kk, dtype=np.float32)[:, self.tap:self.tap + 1].copy())  # (kk, 1)
         self.fn = None if self.pointwise or self.tap is not None else _conv_fn(
-            conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw), form.startswith("one-gemm"),
+            conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw), self.one_gemm,
             form.endswith("+phases"))
 
     def construct(self, x):

@@ -62,12 +62,12 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     The sum of the layer's temporaries, read off `_ConvFn`'s geometry: the forward's columns and
     GEMM operands, the recomputed columns and the weight-gradient GEMM's operands, the stride-dilated
     and padded output gradient, the picked (flipped, transposed) kernel, and the input gradient's
-    columns and GEMM outputs. Not all of them are alive at once (`_ConvFn.bprop` orders its work so that a
-    layer's backward temporaries are freed before the next layer's backward), so the sum is what a
-    layer may cost at most; how much a step really keeps is measured: in chains of composed layers 36 of 473 MB (one-gemm,
-    stride 1), 15 of 246 MB (batched, stride 1), 39 of 89 MB (batched, stride 2) and 56 of 137 MB
-    (one-gemm + phases, stride 2) for layers 2 and 3 (tests/test_optimize.py checks the bound), and
-    a fraction over whole networks (`RETAINED`). Layers that become a plain matmul
+    columns and GEMM outputs. Not all of them are alive at once (`_ConvFn.bprop` orders its work so
+    that a layer's backward temporaries are freed before the next layer's backward), so the sum is
+    what a layer may cost at most; how much a step really keeps is measured: in chains of composed
+    layers 36 of 473 MB (one-gemm, stride 1), 15 of 246 MB (batched, stride 1), 39 of 89 MB
+    (batched, stride 2) and 56 of 137 MB (one-gemm + phases, stride 2) for layers 2 and 3
+    (tests/test_optimize.py checks the bound), and a fraction over whole networks (`RETAINED`). Layers that become a plain matmul
     (`conv.matmul_only`; MindSpore's own autodiff) add only their operands' copies: the broadcast
     kernel, or the batch-folded input and output gradient; ~0 on a 1x1 input.
     """
@@ -155,6 +155,9 @@ def choose(times: dict, memory: dict) -> str:
     return best
 
 
+_NO_DX = " (no input gradient: its input is the batch)"
+
+
 class _Probe(nn.Cell):
     """The layer's loss and gradients, as a training step computes them. The loss is returned too:
     with only the gradients as outputs, MindSpore drops the forward (its output feeds nothing), and
@@ -202,10 +205,8 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
     times = {"native": time_layer(conv, x, input_grad=input_grad)}
-    # a layer whose 1x1 input meets one tap of a larger kernel is the same (N, C) x (C, K) GEMM in every
-    # form (a stride-1 1x1 conv is not: its forms differ, see GemmConv2d)
-    same = not pointwise(conv, shape[2:]) and single_tap(conv, shape[2:]) is not None
-    forms = ("batched",) if same else forms_for(conv)
+    # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
+    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else forms_for(conv)
     for form in forms:
         times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x, input_grad=input_grad)
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
@@ -215,4 +216,4 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     return {"choice": choice, "native_ms": round(times["native"], 3), "gemm_ms": round(gemm, 3),
             "times": {k: round(v, 3) for k, v in times.items()},
             "extra_mb": round(memory[choice], 1),
-            "reason": f"measured fwd+bwd{'' if input_grad else ' (no input gradient: its input is the batch)'}: {shown}"}
+            "reason": f"measured fwd+bwd{'' if input_grad else _NO_DX}: {shown}"}

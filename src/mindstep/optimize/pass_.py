@@ -134,7 +134,8 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                     first = fn_key not in configs
                     configs.add(fn_key)
                     row["options"] = {form: (ms_, 0.0 if form == "native" else round(
-                        decide.extra_mb(cell, shape, form) + (decide.config_mb(cell, form, shape[2:]) if first else 0.0), 1))
+                        decide.extra_mb(cell, shape, form)
+                        + (decide.config_mb(cell, form, shape[2:]) if first else 0.0), 1))
                         for form, ms_ in times.items()}
                     row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
             table.append(row)
