@@ -1,5 +1,6 @@
 """mindstep: your MindSpore training logic as one compiled, correct, measured training step."""
 from . import loss_scale, losses, schedules
+from ._discover import NetworkWarning
 from .groups import param_groups
 from .optimize import optimize
 from .precision import Precision
@@ -7,4 +8,4 @@ from .step import TrainStep
 
 __version__ = "0.1.0"
 
-__all__ = ["Precision", "TrainStep", "loss_scale", "losses", "optimize", "param_groups", "schedules", "__version__"]
+__all__ = ["NetworkWarning", "Precision", "TrainStep", "loss_scale", "losses", "optimize", "param_groups", "schedules", "__version__"]

@@ -119,7 +119,7 @@ class Plan:
 
 def plan(precision, keep_fp32=()) -> Plan:
     """Validate `precision=` and `keep_fp32=` (on the host, before compiling) and resolve a level."""
-    keep = _check_keep(keep_fp32)
+    keep = check_keep(keep_fp32)
     if isinstance(precision, str) and precision in LEVELS:
         fp16 = Precision("f32", "f16", "f32")
         return {
@@ -144,7 +144,7 @@ def plan(precision, keep_fp32=()) -> Plan:
                 precision.mixed and precision.compute == "f16")
 
 
-def _check_keep(keep_fp32) -> tuple:
+def check_keep(keep_fp32) -> tuple:
     if isinstance(keep_fp32, (str, type)):
         keep_fp32 = (keep_fp32,)
     try:

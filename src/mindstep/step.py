@@ -10,7 +10,7 @@ from mindspore import nn
 import contextlib
 import time
 
-from . import _compile
+from . import _compile, _discover
 from . import accumulate as _accumulate
 from . import clip as _clip
 from . import ema as _ema
@@ -21,12 +21,13 @@ from . import precision as _precision
 from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
 from ._graph import StepGraph
+from .optimize.pass_ import check_force, run_pass
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSET = object()  # loss_scale not given: the precision level picks the default
 
 
-_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure")
+_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force")
 
 
 def _check_optimize(optimize: Any) -> dict | None:
@@ -49,6 +50,8 @@ def _check_optimize(optimize: Any) -> dict | None:
                         + (", or None for no cap." if key == "memory_budget_mb" else "."))
     if "measure" in optimize:
         check_bool("optimize['measure']", optimize["measure"])
+    if "force" in optimize:
+        check_force(optimize["force"])
     return dict(optimize)
 
 
@@ -62,29 +65,18 @@ def _check_optimizer(optimizer: Any) -> None:
             "Build it from your network, e.g. `nn.Adam(net.trainable_params(), 1e-3)`.")
 
 
-def _closure_cells(fn) -> list:
-    """The nn.Cells a function closes over (the network, usually the loss too)."""
-    cells = []
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty closure cell
-            continue
-        if isinstance(value, nn.Cell):
-            cells.append(value)
-    return cells
-
-
 class TrainStep:
     """Compile `forward` + gradients + `optimizer` into one graph-mode training step.
 
     Args:
         forward: the user's function `forward(*batch)`; returns a scalar loss tensor, or
-            `(loss, aux)` where `aux` is a dict of tensors that come back as metrics. It closes
-            over the network; it must be a `def` (MindSpore cannot compile lambdas). Every
-            `nn.Cell` it closes over is put in training mode (`set_train(True)`), as
-            `nn.TrainOneStepCell` does, so BatchNorm uses batch statistics; call
-            `net.set_train(False)` yourself before evaluating.
+            `(loss, aux)` where `aux` is a dict of tensors that come back as metrics. It must be a
+            `def` (MindSpore cannot compile lambdas), or a method of your Cell or object. The step
+            finds the networks it uses by reading its code (`mindstep._discover.find`): closures,
+            the globals and attributes it uses (`net`, `self.net`), the functions and methods it
+            calls. Those that own optimizer parameters (`step.nets`) are put in training mode
+            (`set_train(True)`) at every call, as `nn.TrainOneStepCell` does, so BatchNorm uses
+            batch statistics; call `net.set_train(False)` yourself before evaluating.
         optimizer: a MindSpore optimizer; gradients are taken over `optimizer.parameters`.
         jit: compile the step (default) or run it eagerly in PyNative for debugging; both run
             the same stage pipeline, so results agree to float tolerance.
@@ -123,7 +115,13 @@ class TrainStep:
             (`mindstep.optimize.pass_.budget_mb`: a quarter of the native step's peak, with the
             process's memory before the pass standing in for it); a dict sets
             `native_peak_mb` (the native step's measured peak, e.g. from `mindstep bench`), or
-            `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir` and `measure`.
+            `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir`, `measure` and
+            `force` (fixed forms per layer-name pattern, see `mindstep.optimize`).
+        nets: the networks `forward` trains, for what reading its code cannot see (a network
+            built inside forward, reached through a computed key or `getattr`); used as given.
+            When some optimizer parameters belong to no found network, the step warns
+            (`mindstep.NetworkWarning`), or raises if `precision`, `keep_fp32` or `optimize` is
+            set, since those settings would silently miss that network.
 
     Returns:
         A callable: `step(*batch) -> dict` of metrics; `float(m["loss"])` works.
@@ -147,7 +145,7 @@ class TrainStep:
                  name: str = "mindstep", loss_scale: Any = _UNSET, accumulate: int = 1, normalize: str = "mean",
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  ema: float | None = None, precision: Any = "O0", keep_fp32=(), lr_schedule=None,
-                 losses=None, guards: bool = True, debug: bool = False, optimize: bool = False):
+                 losses=None, guards: bool = True, debug: bool = False, optimize: bool = False, nets=None):
         if not callable(forward):
             raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
                            "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
@@ -194,13 +192,16 @@ class TrainStep:
         if isinstance(losses, _losses.Uncertainty) and id(losses.log_var) not in opt_ids:
             raise bad_value("losses", losses.log_var.name, "learned weights that the optimizer trains",
                             "Add them: nn.Adam(net.trainable_params() + weighting.trainable_params(), ...).")
-        self.cells = _closure_cells(forward)
-        for cell in self.cells:  # BatchNorm/Dropout must run in training mode inside a training step
-            cell.set_train(True)
-        nets = [c for c in self.cells if any(id(p) in opt_ids for p in c.trainable_params())]
-        loss_cells = [c for c in self.cells if not c.trainable_params()]
+        needs = ([f"precision={precision!r}"] if plan.scope != "none" else []) + (
+            [f"keep_fp32={keep_fp32!r}"] if _precision.check_keep(keep_fp32) else []) + (
+            ["optimize=..."] if optimize is not None else [])
+        networks = _discover.resolve(forward, optimizer, nets, needs=needs,
+                                     owners=[losses] if isinstance(losses, nn.Cell) else [])
+        self.cells = networks.cells
+        self.nets = networks.trained
+        self._train_mode()
         self.precision = plan
-        self.cast_cells = _precision.apply(plan, nets, loss_cells)
+        self.cast_cells = _precision.apply(plan, self.nets, networks.loss_cells)
         lr_stage = _schedules.NoSchedule()
         if lr_schedule is not None:
             lr_params = _groups.lr_parameters(optimizer)
@@ -224,11 +225,16 @@ class TrainStep:
                                        guards=guards)
         self.debug = debug
         self._watch_all = list(watch.values())
-        self._nets = nets
         self.optimize = optimize
         self.optimize_report = None
         self.optimize_s = 0.0
         self.optimize_budget_mb = None
+
+    def _train_mode(self) -> None:
+        """Put the trained networks in training mode, if something (an evaluation) switched them off."""
+        for net in self.nets:
+            if not net.training:
+                net.set_train(True)
 
     @classmethod
     def from_net(cls, net: nn.Cell, loss_fn: Callable, optimizer: Any, **kwargs) -> "TrainStep":
@@ -247,6 +253,7 @@ class TrainStep:
         def forward(x, *targets):
             return loss_fn(net(x), *targets)
 
+        kwargs.setdefault("nets", [net])
         step = cls(forward, optimizer, **kwargs)
         step.net = net
         return step
@@ -291,15 +298,14 @@ class TrainStep:
             raise ValueError("step(*batch) needs at least one batch element, but got none. "
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
+        self._train_mode()
         if self.optimize is not None and self.optimize_report is None:
-            from .optimize.pass_ import run_pass
-
             t0 = time.perf_counter()
             opts = self.optimize
             self.optimize_report, self.optimize_budget_mb = run_pass(
-                self._nets, lambda: self.forward(*tensors), memory_budget_mb=opts.get("memory_budget_mb", "auto"),
+                self.nets, lambda: self.forward(*tensors), memory_budget_mb=opts.get("memory_budget_mb", "auto"),
                 native_peak_mb=opts.get("native_peak_mb"), cache_dir=opts.get("cache_dir"),
-                measure=opts.get("measure", True), inputs=tensors)
+                measure=opts.get("measure", True), inputs=tensors, force=opts.get("force"))
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self._runner.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True

@@ -1,13 +1,15 @@
 """`mindstep.optimize`: rewrite a network's layers into faster formulations for this device."""
 from __future__ import annotations
 
+import fnmatch
+
 import mindspore as ms
 from mindspore import nn
 
 from .._probe import probe_forward
-from .._errors import bad_type, check_float
+from .._errors import bad_type, bad_value, check_float
 from . import decide
-from .conv import GemmConv2d, conv_pads, supported
+from .conv import FORMS, GemmConv2d, conv_pads, forms_for, supported
 
 
 def record_conv_inputs(nets, run, inputs=()) -> dict:
@@ -69,8 +71,9 @@ def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
     if budget_mb is None:
         return
     for r in rows:
-        r.setdefault("options", {"native": (r.get("native_ms", 0.0), 0.0),
-                                 **({r["choice"]: (r["gemm_ms"], r["extra_mb"])} if r["choice"] != "native" else {})})
+        if "options" not in r:
+            r["options"] = {"native": (r.get("native_ms", 0.0), 0.0),
+                            **({r["choice"]: (r["gemm_ms"], r["extra_mb"])} if r["choice"] != "native" else {})}
     total = decide.RETAINED * sum(r["extra_mb"] for r in rows if r["choice"] != "native")
     while total > budget_mb:
         best = None
@@ -93,11 +96,39 @@ def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
                         f"up to {r['options'][old][1]:.1f} MB; " + r["reason"].split("; ")[-1])
 
 
+def check_force(force) -> dict | None:
+    """Validate `force=`: None, or a dict of layer-name patterns (fnmatch) to a form or 'native'."""
+    if force is None:
+        return None
+    choices = ("native",) + FORMS
+    if not isinstance(force, dict) or not all(isinstance(k, str) for k in force):
+        raise bad_type("force", force, "None or a dict {layer-name pattern: form}",
+                       "Example: force={'*': 'one-gemm'} or force={'layer4.*': 'batched', '*': 'native'}.")
+    for pattern, form in force.items():
+        if form not in choices:
+            raise bad_value(f"force[{pattern!r}]", form, f"one of {choices}",
+                            "Name a composed form, or 'native' to keep the layer as it is.")
+    return dict(force)
+
+
+def forced_form(name: str, conv: nn.Conv2d, force: dict | None) -> tuple[str, str] | None:
+    """(form, pattern) of the first `force` pattern matching the layer name, or None. A '+phases'
+    form asked of a layer it does not apply to (not strided, or dilated) gives its base form."""
+    for pattern, form in (force or {}).items():
+        if fnmatch.fnmatchcase(name, pattern):
+            if form != "native" and form not in forms_for(conv):
+                form = form.split("+")[0]
+            return form, pattern
+    return None
+
+
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
-            measure: bool = True, memory_budget_mb: float | None = None) -> list[dict]:
+            measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None) -> list[dict]:
     """Decide and rewrite every Conv2d whose input shape is known; return the decision table.
 
-    `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap).
+    `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap). `force`
+    (see `check_force`) fixes the form of the layers whose names match, without measuring: the
+    budget does not move them, and they run on every device.
     """
     device = device or ms.get_context("device_target")
     path = decide.cache_path(cache_dir)
@@ -111,8 +142,14 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
             row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
                    f"{cell.kernel_size[1]} s{cell.stride[0]}", "input": list(shape)}
             ok, why = supported(cell)
+            forced = forced_form(name, cell, force) if ok else None
             if not ok:
                 row.update(choice="native", reason=why)
+            elif forced is not None:
+                form, pattern = forced
+                mb = 0.0 if form == "native" else decide.extra_mb(cell, shape, form)
+                row.update(choice=form, extra_mb=round(mb, 1), options={form: (0.0, mb)},
+                           reason=f"forced by force[{pattern!r}]")
             elif device in decide.NATIVE_FAST_DEVICES:
                 row.update(choice="native", reason=f"native convolutions are fast on {device}")
             else:
@@ -152,7 +189,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
 
 
 def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_dir: str | None = None,
-             measure: bool = True, memory_budget_mb="auto") -> list[dict]:
+             measure: bool = True, memory_budget_mb="auto", force: dict | None = None) -> list[dict]:
     """Rewrite `net`'s layers, in place, into the faster formulation measured for this device.
 
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
@@ -172,6 +209,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             (estimated from the shapes, see `decide.extra_mb`); over it, the layers losing the least
             time per MB saved step down to a leaner form or back to native (`apply_budget`). "auto" (default): `budget_mb` with this process's memory
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
+        force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
+            'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases'): those layers take that form
+            without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
 
     Returns:
         The decision table: one dict per Conv2d with `layer`, `config`, `input`, `choice`,
@@ -188,14 +228,15 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     if memory_budget_mb != "auto" and memory_budget_mb is not None:
         check_float("memory_budget_mb", memory_budget_mb, low=0.0,
                     fix='Pass "auto", None for no cap, or a number of MB, e.g. memory_budget_mb=500.')
+    force = check_force(force)
     inputs = tuple(x if isinstance(x, ms.Tensor) else ms.Tensor(x) for x in example_inputs)
     table, _ = run_pass([net], lambda: net(*inputs), memory_budget_mb=memory_budget_mb, device=device,
-                        cache_dir=cache_dir, measure=measure, inputs=inputs)
+                        cache_dir=cache_dir, measure=measure, inputs=inputs, force=force)
     return table
 
 
 def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None = None, device=None,
-             cache_dir=None, measure: bool = True, inputs=()) -> tuple[list[dict], float | None]:
+             cache_dir=None, measure: bool = True, inputs=(), force=None) -> tuple[list[dict], float | None]:
     """Probe the conv input shapes with one `run()`, fix the budget, rewrite; `(table, budget)`.
 
     The one sequence behind `optimize` and `TrainStep(optimize=...)`. `memory_budget_mb="auto"`
@@ -206,7 +247,7 @@ def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None
     if memory_budget_mb == "auto":
         memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
     table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
-                    memory_budget_mb=memory_budget_mb)
+                    memory_budget_mb=memory_budget_mb, force=force)
     return table, memory_budget_mb
 
 
