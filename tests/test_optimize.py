@@ -11,7 +11,6 @@ from mindspore import nn
 from mindstep import TrainStep
 from mindstep.optimize import GemmConv2d, optimize
 from mindstep.optimize.conv import conv_pads, forms_for
-from mindstep.optimize.pass_ import record_conv_inputs, rewrite
 
 GRID = [
     # (cin, cout, kernel, stride, pad_mode, padding, dilation, bias, hw)
@@ -129,10 +128,43 @@ def test_rewrite_keeps_parameter_identity_order_and_names(tmp_path):
     net = MODELS["resnet18"].build(16, 16)
     before = [(p.name, id(p)) for p in net.trainable_params()]
     all_before = [(p.name, id(p)) for p in net.get_parameters()]
-    table = optimize(net, (np.ones((2, 3, 16, 16), np.float32),), cache_dir=str(tmp_path))
-    assert any(r["choice"] != "native" for r in table), "the pass must rewrite something for this test"
+    # forced, not measured: whether a measured layer wins depends on the machine and its load
+    table = optimize(net, (np.ones((2, 3, 16, 16), np.float32),), cache_dir=str(tmp_path),
+                     force={"stages.0.*": "batched", "stages.1.conv1": "one-gemm+phases", "*": "one-gemm"})
+    assert all(r["choice"] != "native" for r in table)
+    assert table[1]["choice"] == "batched" and "forced by force['stages.0.*']" in table[1]["reason"]
+    chosen = {r["layer"]: r["choice"] for r in table}
+    assert chosen["stages.1.conv1"] == "one-gemm"  # '+phases' asked of a stride-1 layer: its base form
+    assert chosen["stages.2.conv1"] == "one-gemm"
     assert [(p.name, id(p)) for p in net.trainable_params()] == before
     assert [(p.name, id(p)) for p in net.get_parameters()] == all_before
+    assert not (tmp_path / "decisions.json").exists(), "forced layers are not measured"
+
+
+@pytest.mark.parametrize("force, error, words", [
+    ("one-gemm", TypeError, "{layer-name pattern: form}"),
+    ({"*": "gemm"}, ValueError, "force['*']"),
+    ({"*": "native", 3: "batched"}, TypeError, "force"),
+], ids=["not-a-dict", "unknown-form", "non-string-pattern"])
+def test_force_is_validated(force, error, words):
+    with pytest.raises(error) as info:
+        optimize(small_net(), (np.ones((2, 3, 8, 8), np.float32),), force=force)
+    assert words in str(info.value)
+
+
+def test_a_form_that_disagrees_with_native_is_left_out_of_the_measured_choice(monkeypatch):
+    from mindstep.optimize import decide
+
+    class Broken(GemmConv2d):  # one form with a 1 % error, as a wrong tap or crop would give
+        def construct(self, x):
+            out = super().construct(x)
+            return out * 1.01 if self.form == "one-gemm" else out
+
+    monkeypatch.setattr(decide, "GemmConv2d", Broken)
+    conv = make_conv(4, 6, 3, 1, "pad", 1, 1, False)
+    row = decide.measure(conv, (2, 4, 6, 6), ms.float32)
+    assert "one-gemm" not in row["times"] and "batched" in row["times"]
+    assert "one-gemm left out: differs from native by 1.0e-02" in row["reason"]
 
 
 def small_net():
@@ -141,20 +173,6 @@ def small_net():
         nn.Conv2d(3, 8, 3, pad_mode="pad", padding=1, has_bias=False), nn.BatchNorm2d(8), nn.ReLU(),
         nn.Conv2d(8, 16, 3, 2, pad_mode="same", has_bias=True), nn.ReLU(),
         nn.Conv2d(16, 16, 1, has_bias=False), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dense(16, 5))
-
-
-def force_gemm(net, x, tmp_path, form="batched"):
-    """Rewrite every conv (no timing): the equivalence tests must not depend on which form wins."""
-    shapes = record_conv_inputs([net], lambda: net(x))
-    cache = {}
-    from mindstep.optimize import decide
-
-    for _, cell in net.cells_and_names():
-        if isinstance(cell, nn.Conv2d):
-            shape, dtype, input_grad = shapes[id(cell)]
-            cache[decide.key("CPU", cell, shape, dtype, input_grad)] = {"choice": form, "reason": "test"}
-    decide.save_cache(decide.cache_path(str(tmp_path)), cache)
-    return rewrite([net], shapes, device="CPU", cache_dir=str(tmp_path), measure=False)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["pynative", "jit"])
@@ -166,7 +184,7 @@ def test_rewritten_net_trains_to_the_same_parameters(jit, tmp_path):
     for rewrite_it in (False, True):
         net = small_net()
         if rewrite_it:
-            table = force_gemm(net, data[0][0], tmp_path)
+            table = optimize(net, (data[0][0],), force={"*": "batched"}, cache_dir=str(tmp_path))
             assert [r["choice"] for r in table] == ["batched"] * 3
         step = TrainStep.from_net(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9), jit=jit)
         losses = [float(step(x, y)["loss"]) for x, y in data * 3]

@@ -69,6 +69,14 @@ def _out_len(padded: int, k: int, s: int, d: int) -> int:
     return (padded - d * (k - 1) - 1) // s + 1
 
 
+def out_shape(conv: nn.Conv2d, shape: tuple) -> tuple[int, int, int, int]:
+    """The (N, K, Ho, Wo) output shape of `conv` on an input of `shape` (N, C, H, W)."""
+    n, _, h, w = shape
+    t, b, l, r = conv_pads(conv, h, w)
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
+    return n, conv.out_channels, _out_len(h + t + b, kh, sh, dh), _out_len(w + l + r, kw, sw, dw)
+
+
 def _pad_op(pads):
     """A `Pad` primitive for (top, bottom, left, right) zero padding of NCHW tensors, or None.
 
@@ -486,4 +494,4 @@ def supported(conv) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["GemmConv2d", "conv_pads", "matmul_only", "pointwise", "same_pads", "single_tap", "supported"]
+__all__ = ["GemmConv2d", "conv_pads", "matmul_only", "out_shape", "pointwise", "same_pads", "single_tap", "supported"]

@@ -19,7 +19,7 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import GemmConv2d, conv_pads, forms_for, matmul_only, pointwise, single_tap
+from .conv import GemmConv2d, conv_pads, forms_for, matmul_only, out_shape, pointwise, single_tap
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
@@ -161,7 +161,9 @@ _NO_DX = " (no input gradient: its input is the batch)"
 class _Probe(nn.Cell):
     """The layer's loss and gradients, as a training step computes them. The loss is returned too:
     with only the gradients as outputs, MindSpore drops the forward (its output feeds nothing), and
-    the timing would leave out the forward convolution, which is where native CPU kernels are slowest."""
+    the timing would leave out the forward convolution, which is where native CPU kernels are slowest.
+    The loss weighs the output with a fixed random tensor `r`, so the gradients checked against
+    native (`measure`) come from a non-uniform output gradient, as in a network."""
 
     def __init__(self, layer, input_grad: bool = True):
         super().__init__(auto_prefix=False)  # auto_prefix would rename the layer's Parameters
@@ -169,50 +171,76 @@ class _Probe(nn.Cell):
         self.grad = ms.value_and_grad(self._loss, grad_position=0 if input_grad else None,
                                       weights=layer.trainable_params())
 
-    def _loss(self, x):
-        return self.layer(x).sum()
+    def _loss(self, x, r):
+        return (self.layer(x) * r).sum()
 
-    def construct(self, x):
-        return self.grad(x)
+    def construct(self, x, r):
+        return self.grad(x, r)
 
 
-def _sync(out) -> None:
-    """Wait for the loss and the first gradient (host copies)."""
+def _flat(out) -> list:
+    """The loss and every gradient of a `_Probe` call, as host arrays (this waits for all of them)."""
     loss, grads = out
-    while isinstance(grads, (tuple, list)):
-        grads = grads[0]
-    loss.asnumpy()
-    grads.asnumpy()
+    items = [loss]
+    while grads:
+        head, grads = (grads[0], grads[1:]) if isinstance(grads, (tuple, list)) else (grads, ())
+        if isinstance(head, (tuple, list)):
+            grads = tuple(head) + tuple(grads)
+        else:
+            items.append(head)
+    return [t.asnumpy() for t in items]
 
 
-def time_layer(layer: nn.Cell, x, repeats: int = 3, input_grad: bool = True) -> float:
+def mismatch(reference: list, got: list) -> float:
+    """The largest difference between two `_flat` results, relative to each array's largest value."""
+    return max(float(np.abs(a - b).max() / max(float(np.abs(a).max()), 1e-30)) for a, b in zip(reference, got))
+
+
+# A composed form whose loss or gradients differ from native by more than this (relative to each
+# array's largest value) is not used. Float reordering gives ~1e-6 on these layer sizes; a fault
+# (a wrong tap, pad or crop) gives O(1).
+CHECK_RTOL = 1e-3
+
+
+def time_layer(layer: nn.Cell, x, r, repeats: int = 3, input_grad: bool = True) -> tuple[float, list]:
     """Median ms of forward + input (if `input_grad`) and weight gradients, compiled in GRAPH_MODE
-    (first call excluded)."""
+    (first call excluded), and the first call's loss and gradients on the host."""
     probe = _Probe(layer, input_grad)
     with graph_mode():
-        _sync(probe(x))
+        values = _flat(probe(x, r))
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            _sync(probe(x))
+            _flat(probe(x, r))
             times.append(time.perf_counter() - t0)
-    return 1000.0 * statistics.median(times)
+    return 1000.0 * statistics.median(times), values
 
 
 def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> dict:
     """Time native and every composed form as the step runs them: forward, weight gradients and,
-    unless the layer's input is the batch itself (`input_grad=False`), the input gradient."""
+    unless the layer's input is the batch itself (`input_grad=False`), the input gradient. A form
+    whose results differ from native beyond `CHECK_RTOL` is left out, and the reason says so."""
     rng = np.random.default_rng(0)
-    x = ms.Tensor(rng.standard_normal(shape).astype(ms.dtype_to_nptype(dtype)))
-    times = {"native": time_layer(conv, x, input_grad=input_grad)}
+    nptype = ms.dtype_to_nptype(dtype)
+    x = ms.Tensor(rng.standard_normal(shape).astype(nptype))
+    r = ms.Tensor(rng.standard_normal(out_shape(conv, shape)).astype(nptype))
+    native_ms, reference = time_layer(conv, x, r, input_grad=input_grad)
+    times, rejected = {"native": native_ms}, {}
     # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
     forms = ("batched",) if single_tap(conv, shape[2:]) is not None else forms_for(conv)
     for form in forms:
-        times[form] = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x, input_grad=input_grad)
+        elapsed, values = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x, r, input_grad=input_grad)
+        err = mismatch(reference, values)
+        if err > CHECK_RTOL:
+            rejected[form] = err
+        else:
+            times[form] = elapsed
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
     choice = choose(times, memory)
     shown = ", ".join(f"{k} {v:.1f} ms/{memory[k]:.0f} MB" for k, v in times.items())
-    gemm = times[choice] if choice != "native" else min(v for k, v in times.items() if k != "native")
+    shown += "".join(f"; {f} left out: differs from native by {e:.1e} (relative)" for f, e in rejected.items())
+    composed = [v for k, v in times.items() if k != "native"]
+    gemm = times[choice] if choice != "native" else (min(composed) if composed else float("nan"))
     return {"choice": choice, "native_ms": round(times["native"], 3), "gemm_ms": round(gemm, 3),
             "times": {k: round(v, 3) for k, v in times.items()},
             "extra_mb": round(memory[choice], 1),

@@ -1,0 +1,149 @@
+"""Whole networks through the composed-operator pass: their gradients equal the native network's.
+
+The per-layer grid (test_optimize.py) checks each form alone; these check every bench model and
+small copies of public-zoo architectures (residual, inverted-residual, dense; see `archs.py`)
+end to end, in GRAPH_MODE like the training step, with the decisions *forced* rather than
+measured, so the tables tested do not depend on this machine's timings: every layer in each form,
+and seeded random mixes of forms and native layers. The networks are smoothed (`archs.smooth`):
+at a ReLU kink a gradient is not a continuous function of rounding, and native MindSpore's own
+gradients move by percents under a one-ulp change of the input.
+
+Even smooth, a training-mode BatchNorm over few values (a batch of 8 on 1x1 maps) amplifies
+rounding: native ResNet-50's gradients moved by 3.5e-4 (relative) when the input was scaled by
+(1 + 2**-23), ResNet-18's by 1.9e-5, the composed tables' by 4.5e-4 and 3.7e-5. So the tolerance
+is `RTOL`, or `NOISE_FACTOR` times the native network's own one-ulp sensitivity measured in the
+same test where that is larger; a wrong formula gives errors of order 1.
+"""
+import random
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import nn
+
+from archs import DenseNet, MobileNetV2, smooth
+from mindstep._compile import graph_mode
+from mindstep.bench.zoo import MODELS
+from mindstep.optimize import optimize
+from mindstep.optimize.conv import FORMS, forms_for, supported
+
+RTOL = 1e-4  # of each gradient's largest magnitude (floored at 1e-3 of the largest gradient overall)
+NOISE_FACTOR = 8
+MIXES = 2
+
+
+def _bench(name, size):
+    return lambda: MODELS[name].build(size, 8), MODELS[name].loss
+
+
+NETWORKS = {  # name: (build, loss, batch shape)
+    "resnet18": (*_bench("resnet18", 16), (8, 3, 16, 16)),
+    "resnet50": (*_bench("resnet50", 16), (8, 3, 16, 16)),
+    "rrdbnet": (*_bench("rrdbnet", 8), (2, 3, 8, 8)),
+    "mobilenet_v2": (MobileNetV2, nn.CrossEntropyLoss, (8, 3, 16, 16)),
+    "densenet": (DenseNet, nn.CrossEntropyLoss, (8, 3, 8, 8)),
+}
+
+
+class _Grads(nn.Cell):
+    def __init__(self, net, loss_fn):
+        super().__init__(auto_prefix=False)
+        self.net = net
+
+        def forward(x, y):
+            return loss_fn(net(x), y)
+
+        self.grad = ms.value_and_grad(forward, None, net.trainable_params())
+
+    def construct(self, x, y):
+        return self.grad(x, y)
+
+
+def _build(name):
+    build, loss, _ = NETWORKS[name]
+    ms.set_seed(0)
+    net = smooth(build())
+    net.set_train(True)
+    return net, loss()
+
+
+def _batch(name):
+    build, loss, shape = NETWORKS[name]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if name == "rrdbnet":
+        y = rng.standard_normal((shape[0], 3, 2 * shape[2], 2 * shape[3])).astype(np.float32)
+    else:
+        y = rng.integers(0, 10, shape[0]).astype(np.int32)
+    return ms.Tensor(x), ms.Tensor(y)
+
+
+def _grads(net, loss_fn, batch):
+    with graph_mode():
+        loss, grads = _Grads(net, loss_fn)(*batch)
+    return float(loss.asnumpy()), [g.asnumpy() for g in grads]
+
+
+def _tables(net):
+    """Forced decision tables, as the form each layer gets: each form everywhere ('+phases' gives
+    its base form on layers it does not apply to), then seeded random mixes of native and the forms
+    each layer has; tables that come out identical are tested once."""
+    convs = [(n, c) for n, c in net.cells_and_names() if isinstance(c, nn.Conv2d) and supported(c)[0]]
+    tables = {}
+    for form in FORMS:
+        tables[form] = {n: form if form in forms_for(c) else form.split("+")[0] for n, c in convs}
+    for seed in range(MIXES):
+        r = random.Random(seed)
+        tables[f"mix{seed}"] = {n: r.choice(("native",) + forms_for(c)) for n, c in convs}
+    unique = {}
+    for label, table in tables.items():
+        if table not in unique.values():
+            unique[label] = table
+    return unique
+
+
+def _worst(names, ref, got, scale):
+    """(largest relative difference, its parameter): relative to each gradient's largest magnitude,
+    floored at 1e-3 of the largest gradient overall (BatchNorm shifts feeding another BatchNorm
+    have gradients that are mathematically zero)."""
+    return max((float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1e-3 * scale), p)
+               for p, a, b in zip(names, ref, got))
+
+
+@pytest.mark.parametrize("name", [pytest.param("resnet50", marks=pytest.mark.slow) if n == "resnet50" else n
+                                  for n in NETWORKS])
+def test_whole_network_gradients_equal_native_for_forced_decision_tables(name, tmp_path):
+    batch = _batch(name)
+    net, loss_fn = _build(name)
+    names = [p.name for p in net.trainable_params()]
+    loss0, ref = _grads(net, loss_fn, batch)
+    scale = max(float(np.abs(g).max()) for g in ref)
+    x = batch[0].asnumpy()
+    noise = max(_worst(names, ref, _grads(net, loss_fn, (ms.Tensor(x * np.float32(f)), batch[1]))[1], scale)[0]
+                for f in (1 + 2 ** -23, 1 - 2 ** -24))
+    assert noise < 1e-3, f"native gradients move by {noise:.2g} under a one-ulp input change: too ill-conditioned"
+    tol = max(RTOL, NOISE_FACTOR * noise)
+    failures = []
+    for label, table in _tables(net).items():
+        net, loss_fn = _build(name)
+        force = {n: f for n, f in table.items()}
+        report = optimize(net, (batch[0],), force=force, cache_dir=str(tmp_path))
+        assert [r["choice"] for r in report if r["layer"] in table] == list(table.values()), label
+        loss, got = _grads(net, loss_fn, batch)
+        assert abs(loss - loss0) <= 1e-5 * abs(loss0), (label, loss, loss0)
+        err, where = _worst(names, ref, got, scale)
+        if not err <= tol:
+            failures.append(f"{label}: {where} differs from native by {err:.3g} > {tol:.3g} "
+                            f"(native's own one-ulp sensitivity {noise:.3g})")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", ["mlp", "bert"])
+def test_the_pass_leaves_networks_without_convolutions_alone(name, tmp_path):
+    spec = MODELS[name]
+    ms.set_seed(0)
+    net = spec.build(8, 8)
+    before = [(p.name, id(p)) for p in net.get_parameters()]
+    x = spec.batch(np.random.default_rng(0), 2, 8, 8)[0]
+    assert optimize(net, (x,), force={"*": "one-gemm"}, cache_dir=str(tmp_path)) == []
+    assert [(p.name, id(p)) for p in net.get_parameters()] == before
