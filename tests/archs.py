@@ -23,7 +23,7 @@ where a real fault cannot hide behind a kink.
 """
 from mindspore import nn, ops
 
-from mindstep.optimize.pass_ import _replace
+from mindstep._cells import replace_cell
 
 
 class InvertedResidual(nn.Cell):
@@ -112,7 +112,7 @@ def smooth(net: nn.Cell) -> nn.Cell:
     """Swap ReLU, ReLU6 and LeakyReLU for SiLU, and max pooling for average pooling, in place."""
     for name, cell in list(net.cells_and_names()):
         if isinstance(cell, (nn.ReLU, nn.ReLU6, nn.LeakyReLU)):
-            _replace(net, name, nn.SiLU())
+            replace_cell(net, name, nn.SiLU())
         elif isinstance(cell, nn.MaxPool2d):
-            _replace(net, name, nn.AvgPool2d(cell.kernel_size, cell.stride, pad_mode=cell.pad_mode.lower()))
+            replace_cell(net, name, nn.AvgPool2d(cell.kernel_size, cell.stride, pad_mode=cell.pad_mode.lower()))
     return net

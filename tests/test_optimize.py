@@ -284,6 +284,14 @@ def test_memory_budget_keeps_the_rewrites_that_save_most_time_per_mb():
     assert all(r["choice"] == "native" for r in rows)
 
 
+def test_zero_budget_sends_a_form_estimated_at_0_mb_native_too():
+    from mindstep.optimize.pass_ import apply_budget
+
+    rows = [_row("tiny", 5, 1, 0.0)]  # a small layer's estimate rounds to 0 MB: under any budget by the sum
+    apply_budget(rows, 0)
+    assert rows[0]["choice"] == "native" and "memory budget is 0 MB" in rows[0]["reason"]
+
+
 def test_over_budget_a_layer_steps_down_to_a_leaner_form_before_native():
     from mindstep.optimize.decide import RETAINED
     from mindstep.optimize.pass_ import apply_budget

@@ -6,6 +6,7 @@ import fnmatch
 import mindspore as ms
 from mindspore import nn
 
+from .._cells import replace_cell
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_float
 from . import decide
@@ -27,15 +28,6 @@ def record_conv_inputs(nets, run, inputs=()) -> dict:
 
     probe_forward(nets, lambda cell: hook if isinstance(cell, nn.Conv2d) else None, run)
     return shapes
-
-
-def _replace(root: nn.Cell, name: str, new: nn.Cell) -> None:
-    parent_name, _, attr = name.rpartition(".")
-    parent = root if not parent_name else dict(root.cells_and_names())[parent_name]
-    # write _cells directly: Cell.__setattr__ would re-prefix the Parameter names
-    parent._cells[attr] = new
-    if isinstance(parent, (nn.SequentialCell, nn.CellList)) and hasattr(parent, "cell_list"):
-        parent.cell_list = list(parent._cells.values())
 
 
 PEAK_RATIO = 1.25  # the composed forms may add at most a quarter of the native step's peak memory
@@ -74,6 +66,13 @@ def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
         if "options" not in r:
             r["options"] = {"native": (r.get("native_ms", 0.0), 0.0),
                             **({r["choice"]: (r["gemm_ms"], r["extra_mb"])} if r["choice"] != "native" else {})}
+    if budget_mb <= 0:  # no extra memory at all: even a form whose estimate rounds to 0 MB goes native
+        for r in rows:
+            if r["choice"] != "native":
+                r.update(choice="native", extra_mb=0.0,
+                         reason=f"memory budget is {budget_mb:g} MB: native instead of {r['choice']}; "
+                                + r["reason"].split("; ")[-1])
+        return
     total = decide.RETAINED * sum(r["extra_mb"] for r in rows if r["choice"] != "native")
     while total > budget_mb:
         best = None
@@ -184,7 +183,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
         row.pop("options", None)
     for net, name, cell, shape, row in todo:
         if row["choice"] != "native":
-            _replace(net, name, GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
+            replace_cell(net, name, GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
     return table
 
 
