@@ -337,6 +337,7 @@ def script_results(tmp_path_factory):
     return json.loads(line[len("RESULTS "):])
 
 
+@pytest.mark.xdist_group("networks-script")  # shares the module fixture `script_results`
 @pytest.mark.parametrize("where", ["global", "global-eager", "closure", "method", "helper"])
 def test_a_module_level_batchnorm_net_trains_like_train_one_step_cell(script_results, where):
     ref, got = script_results["reference"], script_results[where]
@@ -348,6 +349,7 @@ def test_a_module_level_batchnorm_net_trains_like_train_one_step_cell(script_res
     assert np.abs(np.array(ref["state"]["1.moving_mean"])).sum() > 0
 
 
+@pytest.mark.xdist_group("networks-script")  # shares the module fixture `script_results`
 def test_precision_and_optimize_reach_a_global_network(script_results):
     assert script_results["o3"]["cast"].get("SequentialCell") == "f16"
     assert script_results["o3"]["loss_cast"] == ["CrossEntropyLoss"]

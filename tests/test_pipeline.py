@@ -101,9 +101,12 @@ def test_skipped_update_leaves_every_state_bit_identical(k, jit):
     scale_before = float(step.graph.scale.value.asnumpy())
     metrics = [step(x, y, np.float32(np.inf))] + [step(x, y, ONE) for _ in range(k - 1)]  # overflow in micro-batch 1
     after = all_state(net, opt, step)
-    scale_state = {"mindstep.loss_scale", "mindstep.loss_scale_good"}  # the one state an overflow must change
+    # the state an overflow must change: the loss scale, and the record of skipped updates
+    scale_state = {"mindstep.loss_scale", "mindstep.loss_scale_good", "mindstep.skipped", "mindstep.skipped_in_row"}
     changed = {n for n in before if n not in scale_state and not np.array_equal(before[n], after[n])}
     assert changed == set(), f"a skipped update changed {sorted(changed)}"
+    assert int(after["mindstep.skipped"]) == int(before["mindstep.skipped"]) + 1
+    assert int(after["mindstep.skipped_in_row"]) == 1
     last = metrics[-1]
     assert not bool(last["applied"]) and bool(last["overflow"])
     assert float(last["loss_scale"]) == scale_before / 2

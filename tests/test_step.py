@@ -83,7 +83,7 @@ def test_metrics_dict_has_loss_and_step_and_aux():
     step = TrainStep(forward, opt)
     for i, (x, y) in enumerate(batches(3, (8, 32)), start=1):
         m = step(x, y)
-        assert set(m) == {"loss", "step", "applied", "acc", "double_loss"}
+        assert set(m) == {"loss", "step", "applied", "skipped", "skipped_in_row", "acc", "double_loss"}
         assert int(m["step"]) == i
         assert float(m["double_loss"]) == pytest.approx(2 * float(m["loss"]), rel=1e-6)
         assert 0.0 <= float(m["acc"]) <= 1.0
@@ -141,7 +141,7 @@ def test_state_parameters_are_prefixed_and_net_names_unchanged():
     step(*batches(1, (8, 32))[0])
     assert [p.name for p in net.get_parameters()] == names_before
     assert [p.name for p in opt.parameters] + [p.name for p in opt.moment1] == opt_names
-    assert [p.name for p in step.state_parameters()] == ["ms.step"]
+    assert sorted(p.name for p in step.state_parameters()) == ["ms.skipped", "ms.skipped_in_row", "ms.step"]
 
 
 def test_host_weight_write_is_seen_by_the_compiled_step():

@@ -22,7 +22,7 @@ import logging
 import mindspore as ms
 import numpy as np
 
-from ._errors import bad_type
+from ._errors import bad_type, bad_value
 
 logger = logging.getLogger("mindstep")
 
@@ -80,6 +80,9 @@ def to_tensor(index: int, value):
     value does not recompile, unlike a Python scalar argument). numpy arrays keep their dtype.
     """
     if isinstance(value, ms.Tensor):
+        if value.size == 0:
+            raise bad_value(f"batch[{index}]", value, "a non-empty tensor",
+                            f"Its shape {tuple(value.shape)} has no elements: skip empty batches before calling the step.")
         return value
     if isinstance(value, bool):
         return ms.Tensor(value, ms.bool_)
@@ -88,7 +91,15 @@ def to_tensor(index: int, value):
     if isinstance(value, float):
         return ms.Tensor(value, ms.float32)
     if isinstance(value, (np.ndarray, np.generic)):
-        return ms.Tensor(np.asarray(value))
+        value = np.asarray(value)
+        if value.dtype.kind not in "biuf":
+            raise bad_type(f"batch[{index}]", value, "a numeric or bool array (dtype bool, int, uint or float)",
+                           f"Its dtype is {value.dtype}: convert strings to ids and pad ragged sequences to one "
+                           "length (e.g. np.stack of equal-length arrays) before the step.")
+        if value.size == 0:
+            raise bad_value(f"batch[{index}]", value, "a non-empty array",
+                            f"Its shape {value.shape} has no elements: skip empty batches before calling the step.")
+        return ms.Tensor(value)
     raise bad_type(
         f"batch[{index}]", value, "a mindspore.Tensor, a numpy array or a Python bool/int/float",
         "Pass tensors (e.g. from a `mindspore.dataset` iterator); put other settings into the "
@@ -111,6 +122,39 @@ def describe_change(old: tuple, new: tuple) -> str:
     return ", ".join(parts) or "no visible change in shapes or dtypes"
 
 
+def _reason(error: BaseException) -> str:
+    """MindSpore's own one-line reason: the first line of its message that is text, not a frame."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("-", "#", "In file", "The Traceback",
+                                                                     "mindspore/", "C++ Call Stack"))]
+    if not lines:
+        return type(error).__name__
+    reason = lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else "")
+    return reason[:400]
+
+
+def _shown(sig: tuple) -> str:
+    return ", ".join(f"batch[{i}] {dtype} {shape}" for i, (shape, dtype) in enumerate(sig))
+
+
+def step_failure(error: BaseException, compiled: list, tensors) -> BaseException:
+    """A TypeError/ValueError for a step that MindSpore could not compile or run on this batch: what
+    it got, what it was compiled for, MindSpore's one-line reason and the fix (no C++ trace)."""
+    sig = signature(tensors)
+    reason = _reason(error)
+    if compiled and sig not in compiled:
+        change = describe_change(compiled[0], sig)
+        text = (f"TrainStep: the step first ran on {_shown(compiled[0])} and got {_shown(sig)} ({change}); "
+                f"it cannot run on it. MindSpore: {reason} Pass batches like the first one; a new shape that "
+                "forward accepts (a smaller last batch, another length) recompiles once.")
+    else:
+        text = (f"TrainStep: the step failed on {_shown(sig)}. MindSpore: {reason} Check that forward(*batch) "
+                "takes these inputs; TrainStep(..., jit=False) runs it eagerly and shows the Python line.")
+    new = (TypeError if isinstance(error, TypeError) else ValueError)(text)
+    new.mindspore_error = error  # the original, C++ trace included, for whoever needs it
+    return new
+
+
 class Runner:
     """Runs the step Cell and counts compiles; warns once per new input signature."""
 
@@ -127,6 +171,11 @@ class Runner:
         # and PyNative read the live ones), so only that compiler needs the write guard.
         self._watch = list(watch) if (guards and self.compiler == "function") else []
         self._ptrs = None
+
+    @property
+    def signatures(self) -> list:
+        """The input signatures this runner has run, in order."""
+        return list(self._signatures)
 
     def _cache_size(self) -> int | None:
         if self.compiler == "cell":

@@ -11,21 +11,11 @@ import mindspore as ms
 import numpy as np
 
 from ._compile import reset_pynative_grad
+from .groups import labelled_groups
 
 
 def _describe(t) -> str:
     return f"{tuple(t.shape)} {t.dtype}"
-
-
-def _groups(optimizer) -> list:
-    """[(label, [param names])] for the optimizer's parameter groups (one group when ungrouped)."""
-    groups = getattr(optimizer, "param_groups", None)  # mindspore.experimental.optim
-    if groups:
-        return [(f"group{i}", [p.name for p in g["params"]]) for i, g in enumerate(groups)]
-    group_params = getattr(optimizer, "group_params", None)  # nn.Optimizer with groups
-    if getattr(optimizer, "is_group", False) and group_params:
-        return [(f"group{i}", [p.name for p in g["params"]]) for i, g in enumerate(group_params)]
-    return [("all", [p.name for p in optimizer.parameters])]
 
 
 def report(step, tensors) -> str:
@@ -42,7 +32,7 @@ def report(step, tensors) -> str:
         lines.append(f"  loss scale: {float(scale.asnumpy()) if scale is not None else 'none'}"
                      f" (objective {float(scaled.asnumpy()):.6g})")
         by_name = {p.name: g for p, g in zip(step.optimizer.parameters, grads)}
-        for label, names in _groups(step.optimizer):
+        for label, names in labelled_groups(step.optimizer):
             sq = sum(float(np.sum(np.square(by_name[n].asnumpy().astype(np.float64)))) for n in names if n in by_name)
             dtypes = sorted({str(by_name[n].dtype) for n in names if n in by_name})
             lines.append(f"  grads {label}: {len(names)} tensors, {', '.join(dtypes)}, "

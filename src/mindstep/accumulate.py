@@ -20,7 +20,7 @@ class NoAccumulate(nn.Cell):
     k = 1
 
     def add(self, grads, weight):
-        return grads, weight, True
+        return grads, weight
 
     def reset(self):
         return True
@@ -44,7 +44,7 @@ class Accumulate(nn.Cell):
         ops.assign_add(self.weight, weight)
         ops.assign_add(self.micro, ms.Tensor(1, ms.int32))
         total = tuple(acc + 0 for acc in self.acc)
-        return total, self.weight + 0, self.micro >= self.k
+        return total, self.weight + 0
 
     def reset(self):
         for acc in self.acc:

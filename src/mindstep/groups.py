@@ -117,3 +117,23 @@ def lr_scales(optimizer, lr_params) -> list:
     if default <= 0:
         return [1.0] * len(lr_params)
     return [float(p.asnumpy()) / default for p in lr_params]
+
+
+def labelled_groups(optimizer) -> list:
+    """[(label, [param names])] for the optimizer's parameter groups (`("all", ...)` when ungrouped).
+
+    `mindspore.experimental.optim` optimizers list their groups; an `nn.Optimizer` built from group
+    dicts keeps one LR Parameter and weight decay per parameter (`group_lr`, `group_weight_decay`),
+    shared within a group, so parameters are grouped by those, in order of first appearance."""
+    groups = getattr(optimizer, "param_groups", None)  # mindspore.experimental.optim
+    if groups:
+        return [(f"group{i}", [p.name for p in g["params"]]) for i, g in enumerate(groups)]
+    params = list(optimizer.parameters)
+    if not getattr(optimizer, "is_group", False):
+        return [("all", [p.name for p in params])]
+    lrs = list(getattr(optimizer, "group_lr", None) or [None] * len(params))
+    wds = list(getattr(optimizer, "group_weight_decay", None) or [None] * len(params))
+    keyed: dict = {}
+    for p, lr, wd in zip(params, lrs, wds):
+        keyed.setdefault((id(lr), repr(wd)), []).append(p.name)
+    return [(f"group{i}", names) for i, names in enumerate(keyed.values())]

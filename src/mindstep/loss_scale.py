@@ -44,7 +44,7 @@ def resolve(loss_scale) -> amp.LossScaler | None:
 
 
 class NoScale(nn.Cell):
-    """No loss scaling: scale 1, no finite check, no metrics (compiles to nothing)."""
+    """No loss scaling: scale 1, no metrics (compiles to nothing)."""
 
     metric_names = ()
 
@@ -54,9 +54,6 @@ class NoScale(nn.Cell):
     def unscale_factor(self):
         return 1.0
 
-    def all_finite(self, grads):
-        return True
-
     def adjust(self, finite):
         return finite
 
@@ -65,7 +62,8 @@ class NoScale(nn.Cell):
 
 
 class ScaleStage(nn.Cell):
-    """Static or dynamic loss scaling with the finite check; owns `<prefix>.loss_scale[_good]`."""
+    """Static or dynamic loss scaling; owns `<prefix>.loss_scale[_good]`. The finite check it adjusts
+    to is the `mindstep.nonfinite` stage's."""
 
     metric_names = ("overflow", "loss_scale")
 
@@ -83,9 +81,6 @@ class ScaleStage(nn.Cell):
 
     def unscale_factor(self):
         return 1.0 / self.value
-
-    def all_finite(self, grads):
-        return amp.all_finite(grads)
 
     def adjust(self, finite):
         return self.scaler.adjust(finite)

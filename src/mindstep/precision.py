@@ -96,6 +96,8 @@ class Precision:
                 raise bad_value("Precision.parse text", text, f"each key at most once (got {key!r} twice)",
                                 "Example: 'p=f32,c=f16,o=f32'.")
             fields[KEYS[key]] = value.strip()
+        if not fields:
+            raise bad_value("Precision.parse text", text, "at least one key=dtype pair", "Example: 'p=f32,c=f16,o=f32'.")
         return cls(**fields)
 
     def __str__(self) -> str:

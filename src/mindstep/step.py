@@ -11,16 +11,18 @@ import contextlib
 import time
 
 from . import _compile, _discover
+from . import checkpoint as _checkpoint
 from . import accumulate as _accumulate
 from . import clip as _clip
 from . import ema as _ema
 from . import groups as _groups
 from . import loss_scale as _loss_scale
 from . import losses as _losses
+from . import nonfinite as _nonfinite
 from . import precision as _precision
 from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
-from ._graph import StepGraph
+from ._graph import Counter, StepGraph
 from .optimize.pass_ import check_force, run_pass
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -117,6 +119,12 @@ class TrainStep:
             `native_peak_mb` (the native step's measured peak, e.g. from `mindstep bench`), or
             `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir`, `measure` and
             `force` (fixed forms per layer-name pattern, see `mindstep.optimize`).
+        on_nonfinite: ``"skip"`` (default), ``"raise"`` or ``"apply"``: what an update whose
+            gradient holds NaN/Inf does (`mindstep.nonfinite`): skipped entirely and counted
+            (metrics `skipped`, `skipped_in_row`), skipped then `mindstep.NonFiniteError` naming the
+            loss or the parameters, or applied as it is (no check; not with a loss scale).
+        max_consecutive_skips: with ``"skip"``, raise `NonFiniteError` after this many skipped
+            updates in a row (default 100; None: never).
         nets: the networks `forward` trains, for what reading its code cannot see (a network
             built inside forward, reached through a computed key or `getattr`); used as given.
             When some optimizer parameters belong to no found network, the step warns
@@ -134,7 +142,7 @@ class TrainStep:
         >>> step = TrainStep.from_net(net, nn.MSELoss(), opt)
         >>> m = step(np.ones((8, 4), np.float32), np.zeros((8, 1), np.float32))
         >>> sorted(m)
-        ['loss', 'step']
+        ['applied', 'loss', 'skipped', 'skipped_in_row', 'step']
 
     Note:
         Unlike `nn.TrainOneStepCell`, which takes a `WithLossCell`, `TrainStep` takes any function
@@ -145,7 +153,8 @@ class TrainStep:
                  name: str = "mindstep", loss_scale: Any = _UNSET, accumulate: int = 1, normalize: str = "mean",
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  ema: float | None = None, precision: Any = "O0", keep_fp32=(), lr_schedule=None,
-                 losses=None, guards: bool = True, debug: bool = False, optimize: bool = False, nets=None):
+                 losses=None, guards: bool = True, debug: bool = False, optimize: bool = False, nets=None,
+                 on_nonfinite: str = "skip", max_consecutive_skips: int | None = _nonfinite.DEFAULT_MAX_CONSECUTIVE_SKIPS):
         if not callable(forward):
             raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
                            "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
@@ -182,6 +191,8 @@ class TrainStep:
         if loss_scale is _UNSET:
             loss_scale = "dynamic" if plan.dynamic_loss_scale else None
         scaler = _loss_scale.resolve(loss_scale)
+        self.on_nonfinite, self.max_consecutive_skips = _nonfinite.check(on_nonfinite, max_consecutive_skips,
+                                                                        scaled=scaler is not None)
         if lr_schedule is not None and not isinstance(lr_schedule, _schedules.Schedule):
             raise bad_type("lr_schedule", lr_schedule, "a mindstep.schedules schedule or None",
                            "Example: lr_schedule=mindstep.schedules.warmup(100, mindstep.schedules.cosine_decay(1e-3, 10_000)).")
@@ -211,18 +222,24 @@ class TrainStep:
         self.optimizer = optimizer
         self.name = name
         self.loss_scaler = scaler
-        self.graph = StepGraph(
-            forward, optimizer, prefix=name, normalize=normalize,
-            scale=_loss_scale.stage(scaler, name),
-            accumulate=_accumulate.stage(params, k, name),
-            clip=_clip.Clip(clip_grad_norm, clip_grad_value),
-            ema=_ema.stage(params, ema, name),
-            lr=lr_stage, combine=losses)
+        self.accumulate = k
+        self.normalize = normalize
+        stages = dict(counter=Counter(f"{name}.step"), normalize=normalize, scale=_loss_scale.stage(scaler, name),
+                      accumulate=_accumulate.stage(params, k, name), clip=_clip.Clip(clip_grad_norm, clip_grad_value),
+                      ema=_ema.stage(params, ema, name), lr=lr_stage, combine=losses,
+                      finite=_nonfinite.stage(self.on_nonfinite, name))
+        self.graph = StepGraph(forward, optimizer, **stages)  # the boundary graph: every stage
+        self._param_names = [p.name for p in params]
+        self._group_of = {n: label for label, names in _groups.labelled_groups(optimizer) for n in names}
         watch = {id(p): p for p in self.graph.get_parameters()}
         for cell in self.cells:
             watch.update((id(p), p) for p in cell.get_parameters())
-        self._runner = _compile.Runner(self.graph, jit=jit, compiler=compiler, name=name, watch=watch.values(),
-                                       guards=guards)
+        runner = dict(jit=jit, compiler=compiler, name=name, watch=watch.values(), guards=guards)
+        self._runner = _compile.Runner(self.graph, **runner)
+        # k > 1: micro-steps run a graph of their own, chosen on the host (see mindstep._graph)
+        self._micro_runner = None if k == 1 else _compile.Runner(
+            StepGraph(forward, optimizer, boundary=False, **stages), **runner)
+        self._micro = 0  # calls into the current window, mirrored from `<name>.micro`
         self.debug = debug
         self._watch_all = list(watch.values())
         self.optimize = optimize
@@ -269,13 +286,39 @@ class TrainStep:
 
     @property
     def compile_count(self) -> int:
-        """How many times MindSpore compiled this step (0 when `jit=False`)."""
-        return self._runner.compile_count
+        """How many times MindSpore compiled this step for a new input (0 when `jit=False`). An
+        accumulating step's micro-step and boundary graphs each compile once per input signature;
+        this counts the larger of the two."""
+        return max(r.compile_count for r in self._runners())
+
+    def _runners(self) -> list:
+        return [self._runner] + ([self._micro_runner] if self._micro_runner is not None else [])
+
+    def _sync_micro(self) -> None:
+        """Re-read the window position from its Parameter (after a checkpoint load)."""
+        if self._micro_runner is not None:
+            self._micro = int(self.graph.accumulate.micro.asnumpy())
 
     def state_parameters(self) -> list:
         """The Parameters this step created (counters, accumulators, ...), for checkpoints."""
         prefix = self.name + "."
         return [p for p in self.graph.get_parameters() if p.name.startswith(prefix)]
+
+    def save(self, path, *, format: str = "ckpt", keep: int | None = None):
+        """Save the complete training state atomically (`mindstep.checkpoint.save`); returns the path.
+
+        Example:
+            >>> step.save("runs/ckpt/step-000100.ckpt", keep=3)  # doctest: +SKIP
+        """
+        return _checkpoint.save(self, path, format=format, keep=keep)
+
+    def load(self, path, *, strict: bool = True) -> dict:
+        """Load a checkpoint into this step in place (`mindstep.checkpoint.load`); returns its manifest.
+
+        Example:
+            >>> step.load(mindstep.checkpoint.latest("runs/ckpt"))  # doctest: +SKIP
+        """
+        return _checkpoint.load(self, path, strict=strict)
 
     @contextlib.contextmanager
     def ema_weights(self):
@@ -307,16 +350,24 @@ class TrainStep:
                 native_peak_mb=opts.get("native_peak_mb"), cache_dir=opts.get("cache_dir"),
                 measure=opts.get("measure", True), inputs=tensors, force=opts.get("force"))
             self.optimize_s = time.perf_counter() - t0
-        if self.debug and self._runner.compile_count == 0 and not getattr(self, "_debugged", False):
+        if self.debug and self.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True
             from ._debug import report
 
             print(report(self, tensors), flush=True)
-        values, aux_values, aux_keys = self._runner(*tensors)
+        runner = self._runner if self._micro == self.accumulate - 1 or self._micro_runner is None else self._micro_runner
+        try:
+            values, aux_values, aux_keys = runner(*tensors)
+        except (TypeError, ValueError, IndexError) as error:
+            raise _compile.step_failure(error, runner.signatures, tensors) from None
+        self._micro = (self._micro + 1) % self.accumulate
         metrics = dict(zip(self.graph.metric_names, values))
         for key, value in zip(aux_keys, aux_values):
             if key in metrics:
                 raise ValueError(f"forward returned an aux metric named {key!r}, which is reserved for the step's "
                                  f"own metrics {sorted(metrics)}. Rename it, e.g. 'aux_{key}'.")
             metrics[key] = value
+        _nonfinite.host_check(metrics, policy=self.on_nonfinite, max_in_row=self.max_consecutive_skips,
+                              scaled=self.loss_scaler is not None, names=self._param_names,
+                              groups=self._group_of)
         return metrics

@@ -1,0 +1,350 @@
+"""Checkpoints of a whole `TrainStep`: save, load, find the newest complete one.
+
+What is saved (`state`): every Parameter the step trains or keeps: the networks' weights and
+buffers (BatchNorm statistics, `mindstep.Dropout`'s random state), the optimizer's state
+(moments, `global_step`, per-group LRs), and the step's own stages (loss scale and its counter,
+the accumulators and the micro-step position inside a window, EMA shadows, the applied-update
+counter that drives the LR schedules, the skip counters). The payload is MindSpore's own format
+(`mindspore.save_checkpoint`, ``"ckpt"`` or ``"safetensors"``); beside it a JSON manifest records
+the format version, the mindstep/MindSpore/numpy versions, the device, every `TrainStep` setting,
+each tensor's name, shape and dtype, the composed-operator decisions, and the payload's SHA-256.
+
+Writes are atomic, after Orbax: the payload goes to a temporary file in the same folder, is
+fsynced and renamed, the folder is fsynced; the manifest is written the same way *last*. A
+checkpoint is complete exactly when its manifest exists and the payload matches its checksum;
+`latest(folder)` returns the newest complete one and skips (with a warning naming the file) torn
+or corrupt ones. `save(..., keep=K)` removes older checkpoints only after the new one is complete,
+manifest first, so a crash during the clean-up leaves at worst a payload without a manifest
+(ignored).
+
+Loading writes the values into the existing Parameters in place (`ops.assign`), so a step that is
+already compiled (either compiler) uses them at its next call without recompiling.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+from ._errors import bad_type, check_choice, check_int
+
+FORMAT_VERSION = 1
+FORMATS = {"ckpt": ".ckpt", "safetensors": ".safetensors"}
+MANIFEST_SUFFIX = ".json"
+# settings that change what the state means: a checkpoint taken under others does not fit
+STRUCTURAL = ("accumulate", "normalize", "ema", "loss_scale", "on_nonfinite")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is incomplete, corrupt, or does not fit the step it is loaded into."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped, or loaded only in part (`strict=False`)."""
+
+
+def state(step) -> dict:
+    """{name: Parameter} of everything `step` keeps, networks first; names must be unique."""
+    out: dict = {}
+    seen = set()
+    for cell in list(step.cells) + [step.graph]:
+        for p in cell.get_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.name in out:
+                raise CheckpointError(
+                    f"two different Parameters are both named {p.name!r}, so a checkpoint cannot tell them apart. "
+                    "Give your networks distinct prefixes, e.g. net.update_parameters_name('generator.').")
+            out[p.name] = p
+    return out
+
+
+def settings(step) -> dict:
+    """The `TrainStep` settings, as JSON values (repr for objects)."""
+    scaler = step.loss_scaler
+    if scaler is None:
+        scale = None
+    elif hasattr(scaler, "scale_factor"):
+        scale = {"kind": "dynamic", "factor": float(scaler.scale_factor), "period": int(scaler.scale_window)}
+    else:
+        scale = {"kind": "static", "value": float(scaler.scale_value.asnumpy())}
+    return {
+        "name": step.name, "jit": step.jit, "compiler": step.compiler, "accumulate": step.accumulate,
+        "normalize": step.normalize, "clip_grad_norm": step.graph.clip.norm_limit,
+        "clip_grad_value": step.graph.clip.value_limit, "ema": getattr(step.graph.ema, "decay", None),
+        "loss_scale": scale, "precision": str(step.precision.level if step.precision.level != "custom"
+                                               else step.precision.policy),
+        "keep_fp32": repr(step.precision.keep_fp32), "lr_schedule": repr(getattr(step.graph.lr, "schedule", None)),
+        "losses": repr(step.graph.combine), "on_nonfinite": step.on_nonfinite,
+        "max_consecutive_skips": step.max_consecutive_skips, "optimizer": type(step.optimizer).__name__,
+        "optimize": None if step.optimize is None else {k: v for k, v in step.optimize.items() if k != "force"},
+    }
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - folders cannot be opened on some platforms
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def manifest_path(path) -> Path:
+    return Path(str(path) + MANIFEST_SUFFIX)
+
+
+def _resolve(path, fmt: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise bad_type("path", path, "a file path (str or pathlib.Path)", "Example: step.save('runs/ckpt/step-100.ckpt').")
+    path = Path(path)
+    suffix = FORMATS[fmt]
+    return path if path.name.endswith(suffix) else path.with_name(path.name + suffix)
+
+
+def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path:
+    """Save the complete training state of `step`; returns the payload's path.
+
+    Args:
+        step: a `TrainStep`.
+        path: the payload file; the format's suffix (``.ckpt``, ``.safetensors``) is added when
+            missing. Its folder is created. The manifest is `<path>.json`.
+        format: ``"ckpt"`` or ``"safetensors"`` (both MindSpore's `save_checkpoint`).
+        keep: after this checkpoint is complete, remove the older complete checkpoints of the
+            same folder beyond the newest `keep` (None: remove nothing).
+
+    Example:
+        >>> step.save(f"runs/ckpt/step-{int(m['step']):06d}.ckpt", keep=3)  # doctest: +SKIP
+    """
+    check_choice("format", format, tuple(FORMATS), "Use 'ckpt' (MindSpore's format) or 'safetensors'.")
+    if keep is not None:
+        keep = check_int("keep", keep, minimum=1, fix="Pass how many checkpoints to keep, e.g. keep=3, or None.")
+    path = _resolve(path, format)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    params = state(step)
+    _warn_kernel_dropout(step)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{FORMATS[format]}")
+    ms.save_checkpoint([{"name": n, "data": p} for n, p in params.items()], str(tmp), format=format)
+    _fsync_file(tmp)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    manifest = {
+        "format_version": FORMAT_VERSION, "mindstep": _version(), "mindspore": ms.__version__,
+        "numpy": np.__version__, "device": ms.get_context("device_target"), "created_ns": time.time_ns(),
+        "step": int(step.graph.counter.value.asnumpy()),
+        "payload": {"file": path.name, "format": format, "bytes": path.stat().st_size, "sha256": _digest(path)},
+        "settings": settings(step),
+        "tensors": [{"name": n, "shape": list(p.shape), "dtype": str(p.dtype)} for n, p in params.items()],
+        "optimize_report": [{k: r[k] for k in ("layer", "choice")} for r in step.optimize_report or []] or None,
+    }
+    _write_json_atomic(manifest_path(path), manifest)
+    if keep is not None:
+        _prune(path.parent, keep)
+    return path
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+def _warn_kernel_dropout(step) -> None:
+    legacy = sorted({name for net in step.cells for name, c in net.cells_and_names() if type(c) is nn.Dropout})
+    if legacy:
+        warnings.warn(
+            f"nn.Dropout layers ({', '.join(legacy[:5])}) keep their random state inside MindSpore's kernel, which no "
+            "checkpoint can save: after a resume their masks restart from their seed, so training continues "
+            "correctly but not bit-identically. mindstep.resumable_dropout(net) swaps them for mindstep.Dropout, "
+            "whose state is saved.", CheckpointWarning, stacklevel=3)
+
+
+def read_manifest(path) -> dict:
+    """The manifest of the checkpoint whose payload is `path`, checked against its payload.
+
+    Raises:
+        CheckpointError: no manifest (the save did not complete), an unreadable manifest, or a
+            payload missing or differing from the manifest's size or checksum.
+    """
+    path = Path(path)
+    mpath = manifest_path(path)
+    if not mpath.exists():
+        raise CheckpointError(f"{path} has no manifest {mpath.name}: the save did not complete (or this is not a "
+                              "mindstep checkpoint). Use mindstep.checkpoint.latest(folder) to find a complete one.")
+    try:
+        manifest = json.loads(mpath.read_text())
+        payload = manifest["payload"]
+        version = manifest["format_version"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{mpath} is not a readable mindstep manifest ({e}).") from None
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{mpath} has format version {version}; this mindstep reads up to {FORMAT_VERSION}. "
+                              "Upgrade mindstep.")
+    if not path.exists():
+        raise CheckpointError(f"the payload {path} of {mpath.name} is missing.")
+    size = path.stat().st_size
+    if size != payload["bytes"] or _digest(path) != payload["sha256"]:
+        raise CheckpointError(f"{path} does not match its manifest ({size} bytes, expected {payload['bytes']}, or a "
+                              "different SHA-256): the file is corrupt or was changed after saving.")
+    return manifest
+
+
+def _complete(folder: Path) -> list:
+    """[(created_ns, payload path)] of the complete checkpoints in `folder`, oldest first; warns on others."""
+    found, described = [], set()
+    for mpath in sorted(folder.glob("*" + MANIFEST_SUFFIX)):
+        if mpath.name.startswith("."):
+            continue
+        payload = Path(str(mpath)[:-len(MANIFEST_SUFFIX)])
+        described.add(payload.name)
+        try:
+            manifest = read_manifest(payload)
+        except CheckpointError as e:
+            warnings.warn(f"skipping the checkpoint {payload}: {e}", CheckpointWarning, stacklevel=3)
+            continue
+        found.append((manifest["created_ns"], payload))
+    for suffix in FORMATS.values():
+        for payload in folder.glob("*" + suffix):
+            if not payload.name.startswith(".") and payload.name not in described:
+                warnings.warn(f"skipping {payload}: it has no manifest, so its save did not complete.",
+                              CheckpointWarning, stacklevel=3)
+    return sorted(found)
+
+
+def latest(folder) -> Path | None:
+    """The payload path of the newest complete checkpoint in `folder`, or None if there is none.
+
+    Torn checkpoints (a payload without its manifest) and corrupt ones (a payload that does not
+    match its manifest's checksum) are skipped with a `CheckpointWarning` naming the file.
+
+    Example:
+        >>> path = mindstep.checkpoint.latest("runs/ckpt")  # doctest: +SKIP
+        >>> if path is not None:  # doctest: +SKIP
+        ...     step.load(path)
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    found = _complete(folder)
+    return found[-1][1] if found else None
+
+
+def _prune(folder: Path, keep: int) -> None:
+    for _, payload in _complete(folder)[:-keep]:
+        manifest_path(payload).unlink(missing_ok=True)  # the manifest first: a crash here leaves a torn payload
+        _fsync_dir(folder)
+        payload.unlink(missing_ok=True)
+
+
+def _differences(step, manifest: dict, params: dict) -> tuple[list, list]:
+    """(problems, names that fit) between the step and a checkpoint's manifest."""
+    problems = []
+    mine, theirs = settings(step), manifest.get("settings", {})
+    for key in STRUCTURAL:
+        if mine.get(key) != theirs.get(key):
+            problems.append(f"setting {key}: the step has {mine.get(key)!r}, the checkpoint {theirs.get(key)!r}")
+    saved = {t["name"]: t for t in manifest["tensors"]}
+    missing = [n for n in params if n not in saved]
+    unexpected = [n for n in saved if n not in params]
+    if missing:
+        problems.append(f"missing from the checkpoint: {_names(missing)}")
+    if unexpected:
+        problems.append(f"unexpected in the checkpoint: {_names(unexpected)}")
+    fits = []
+    for name, p in params.items():
+        t = saved.get(name)
+        if t is None:
+            continue
+        if list(p.shape) != t["shape"] or str(p.dtype) != t["dtype"]:
+            problems.append(f"{name}: the step has {list(p.shape)} {p.dtype}, the checkpoint {t['shape']} {t['dtype']}")
+        else:
+            fits.append(name)
+    return problems, fits
+
+
+def _names(names: list, limit: int = 8) -> str:
+    return ", ".join(repr(n) for n in names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load(step, path, *, strict: bool = True) -> dict:
+    """Load a checkpoint saved by `save` into `step`, in place; returns its manifest.
+
+    Args:
+        step: a `TrainStep` built with the same settings and networks (compiled already or not).
+        path: the payload file (as `save` returned it, or `latest(folder)`).
+        strict: refuse a checkpoint that does not fit (missing or unexpected tensors, other shapes
+            or dtypes, another accumulate/normalize/EMA/loss-scale/on_nonfinite setting) with one
+            `CheckpointError` listing every difference; with False, load what fits and warn
+            naming what was skipped.
+
+    Example:
+        >>> step.load(mindstep.checkpoint.latest("runs/ckpt"))  # doctest: +SKIP
+    """
+    if not isinstance(strict, bool):
+        raise bad_type("strict", strict, "True or False", "Pass strict=True (refuse a mismatch) or strict=False.")
+    if not isinstance(path, (str, os.PathLike)):
+        raise bad_type("path", path, "a checkpoint file path",
+                       "Pass what step.save() returned, or mindstep.checkpoint.latest(folder).")
+    manifest = read_manifest(path)
+    params = state(step)
+    problems, fits = _differences(step, manifest, params)
+    if problems and strict:
+        raise CheckpointError(f"the checkpoint {path} does not fit this step:\n  - " + "\n  - ".join(problems)
+                              + "\nBuild the step as it was saved, or load(..., strict=False) to load what fits.")
+    if problems:
+        warnings.warn(f"loaded {len(fits)} of {len(params)} tensors from {path}; skipped:\n  - "
+                      + "\n  - ".join(problems), CheckpointWarning, stacklevel=3)
+    values = ms.load_checkpoint(str(path), format=manifest["payload"]["format"])
+    for name in fits:
+        ops.assign(params[name], values[name])
+    step._sync_micro()
+    _restore_decisions(step, manifest)
+    return manifest
+
+
+def _restore_decisions(step, manifest: dict) -> None:
+    """A step whose composed-operator pass has not run yet takes the saved decisions, so the resumed
+    run computes with the same forms (measured decisions can differ between processes)."""
+    saved = manifest.get("optimize_report")
+    if not saved or step.optimize is None:
+        return
+    if step.optimize_report is None:
+        step.optimize["force"] = {r["layer"]: r["choice"] for r in saved}
+        return
+    if [(r["layer"], r["choice"]) for r in step.optimize_report] != [(r["layer"], r["choice"]) for r in saved]:
+        warnings.warn("this step's composed-operator decisions differ from the checkpoint's; the resumed run computes "
+                      "with other forms (equal within float tolerance, not bit-identical). Load before the first "
+                      "call to reuse the saved decisions.", CheckpointWarning, stacklevel=3)
