@@ -18,12 +18,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 bench: $(STAMP)
 	$(BIN)/mindstep bench
 
+# two workers; tests sharing a module fixture carry one xdist_group, so it runs once
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # Only the quick tests, for the edit-run loop.
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow"
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

@@ -21,6 +21,7 @@ def small_report():
     return runner.run(cfg)
 
 
+@pytest.mark.xdist_group("bench-report")  # shares the module fixture `small_report`
 def test_report_follows_the_json_schema(small_report):
     rep = json.loads(json.dumps(small_report))  # JSON round-trip
     assert isinstance(rep["device"], str) and rep["mindspore"] == ms.__version__
@@ -35,6 +36,7 @@ def test_report_follows_the_json_schema(small_report):
         assert r["throughput"] == pytest.approx(8 / (r["step_ms_p50"] / 1000))
 
 
+@pytest.mark.xdist_group("bench-report")  # shares the module fixture `small_report`
 def test_same_init_and_data_give_the_same_first_loss_in_every_mode(small_report):
     first = [r["loss_first"] for r in small_report["results"]]
     assert max(first) - min(first) < 1e-4 * abs(first[0])
@@ -42,6 +44,7 @@ def test_same_init_and_data_give_the_same_first_loss_in_every_mode(small_report)
     assert max(last) - min(last) < 1e-3 * abs(last[0])
 
 
+@pytest.mark.xdist_group("bench-report")  # shares the module fixture `small_report`
 def test_ratios_come_from_the_same_run(small_report):
     rel = runner.ratios(small_report)
     rows = {r["mode"]: r for r in small_report["results"]}
@@ -82,6 +85,7 @@ def test_failed_rows_render_and_are_left_out_of_ratios():
     assert set(rep["results"][0]) >= ROW_KEYS and math.isnan(rep["results"][0]["throughput"])
 
 
+@pytest.mark.xdist_group("bench-report")  # shares the module fixture `small_report`
 def test_outputs_markdown_and_png(small_report, tmp_path):
     md, png = report.write_outputs(small_report, str(tmp_path))
     from pathlib import Path
@@ -233,3 +237,18 @@ def test_calibration_falls_back_to_the_default_budget_when_nothing_fits(monkeypa
         "peak_mem_mb": 2000.0, "mem_source": "process peak RSS", "settings": {"optimize_report": [{"extra_mb": 100}]}})
     cal = runner.calibrate_budget(cfg, {"mode": "jit-opt"}, 1000.0)
     assert cal["chosen"] == "default" and not any(t["within"] for t in cal["trials"])
+
+
+def test_jit_nocheck_is_jit_without_the_finite_check_and_nothing_else():
+    from mindstep.bench.modes import build
+
+    spec = MODELS["mlp"]
+    batch = [ms.Tensor(b) for b in spec.batch(np.random.default_rng(0), 4, 16, 16)]
+    losses = {}
+    for mode in ("jit", "jit-nocheck"):
+        ms.set_seed(0)
+        net = spec.build(16, 16)
+        run, settings = build(mode, net, spec.loss())
+        losses[mode] = [float(run(*batch).asnumpy()) for _ in range(2)]
+        assert settings.get("on_nonfinite") == ("apply" if mode == "jit-nocheck" else None)
+    assert losses["jit"] == losses["jit-nocheck"]  # finite batches: the check changes no arithmetic

@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="PyNative vs jit vs jit-opt vs plain MindSpore, side by side")
     p.add_argument("--model", default="resnet18", help="mlp, resnet18, resnet50, rrdbnet, bert (default resnet18)")
     p.add_argument("--modes", default="pynative,jit,jit-opt,seed,model",
-                   help="comma-separated: pynative, jit, jit-all, jit-opt, seed, model, onestep")
+                   help="comma-separated: pynative, jit, jit-all, jit-nocheck, jit-opt, seed, model, onestep")
     p.add_argument("--batch-size", type=_positive, default=None, help="default: the model's own")
     p.add_argument("--image-size", type=_positive, default=32)
     p.add_argument("--seq-len", type=_positive, default=64)

@@ -3,6 +3,7 @@
 - `pynative`: mindstep's TrainStep with jit=False.
 - `jit`: mindstep's TrainStep compiled (GRAPH_MODE Cell), plain fp32 layers.
 - `jit-all`: `jit` with every gradient-pipeline feature on (`FEATURES`), to price them in one run.
+- `jit-nocheck`: `jit` without the default finite check (`on_nonfinite="apply"`), to price it.
 - `jit-opt`: compiled with the best settings for this device (see `OPT_SETTINGS`); the composed-
   operator pass keeps to a memory budget that the runner calibrates against the `jit` row's measured
   peak (run first; see `runner.calibrate_budget`), or the one given by `--opt-memory-budget`.
@@ -17,7 +18,7 @@ from mindspore import amp, nn
 
 from ..step import TrainStep
 
-MODES = ("pynative", "jit", "jit-all", "jit-opt", "seed", "model", "onestep")
+MODES = ("pynative", "jit", "jit-all", "jit-nocheck", "jit-opt", "seed", "model", "onestep")
 
 # What jit-opt turns on, per device, and why. On CPU, fp16 kernels are 2-3x slower than fp32 and
 # bf16 kernels are missing (shared notes), so the best precision there is fp32.
@@ -44,6 +45,8 @@ def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True):
     extra = dict(FEATURES) if features else {}
     if mode == "jit-all":
         mode, extra = "jit", dict(FEATURES)
+    if mode == "jit-nocheck":
+        mode, extra = "jit", {"on_nonfinite": "apply"}
     if mode in ("pynative", "jit"):
         opt = make_optimizer(net)
         step = TrainStep.from_net(net, loss_fn, opt, jit=(mode == "jit"), **extra)
