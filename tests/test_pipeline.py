@@ -78,6 +78,7 @@ def test_accumulated_update_equals_big_batch_update(optimizer, k, jit):
     for name in expected:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert step.compile_count == (1 if jit else 0)
+    assert step.update_compile_count == (1 if jit and k > 1 else 0)  # the update graph: once, no inputs
 
 
 @pytest.mark.parametrize("jit", MODES)
@@ -114,6 +115,7 @@ def test_skipped_update_leaves_every_state_bit_identical(k, jit):
     for acc in step.graph.accumulate.get_parameters():
         assert not np.any(acc.asnumpy()), f"{acc.name} must be cleared after a skipped window"
     assert step.compile_count == (1 if jit else 0)
+    assert step.update_compile_count == (1 if jit and k > 1 else 0)
 
 
 @pytest.mark.parametrize("jit", MODES)

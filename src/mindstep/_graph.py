@@ -25,10 +25,12 @@ Canonical stage order (STYLE.md principle 1). Every call runs, in this order:
 The stages are small Cells composed here; a stage that is switched off is an identity that
 compiles to nothing, so the order is written once, not re-branched per feature. An accumulating
 step (k > 1) is two compiled graphs over the same stages and Parameters: the micro-step graph
-(stages 1-6) and the boundary graph (all stages); the host counts the calls and picks one. A
-tensor `if boundary:` in one graph cost compile time and memory, and MindSpore 2.10 leaked ~5 KB
-of host memory per call with it nested around the finite check (measured: RSS 518 -> 538 MB over
-5,000 calls of a small MLP step; flat with the two graphs). Each stage's
+(stages 1-6), run at every call, and the update graph (stages 7-13 on the accumulators, no
+forward), run after it at every k-th call; the host counts the calls. A tensor `if boundary:` in
+one graph cost compile time and memory, and MindSpore 2.10 leaked ~5 KB of host memory per call
+with it nested around the finite check (measured: RSS 518 -> 538 MB over 5,000 calls of a small
+MLP step; flat with two graphs). An update graph without the forward compiles in a fraction of the
+forward's time, where a second forward-and-backward graph for the boundary doubled it. Each stage's
 changing state lives in `Parameter`s named ``<prefix>.<stage>.*``, created before compiling.
 Metrics leave the graph as a flat tuple whose names `StepGraph.metric_names` lists, plus the
 user's aux values and keys as two tuples; the host zips them into the metrics dict.
@@ -98,9 +100,15 @@ class Counter(nn.Cell):
 class StepGraph(nn.Cell):
     """The canonical pipeline (see the module docstring), composed from stage Cells."""
 
+    PARTS = ("full", "micro", "update")
+
     def __init__(self, forward, optimizer, *, counter, normalize: str, scale, accumulate, clip, ema, lr,
-                 finite, combine=None, boundary: bool = True):
+                 finite, combine=None, part: str = "full"):
+        """`part`: "full" (k = 1: every stage in one graph), "micro" (stages 1-6 only) or "update"
+        (stages 7-13 on the accumulators; the graph takes no inputs)."""
         super().__init__(auto_prefix=False)
+        if part not in self.PARTS:
+            raise ValueError(f"part must be one of {self.PARTS}, got {part!r}")
         self.optimizer = optimizer
         self.scale = scale
         self.accumulate = accumulate
@@ -109,23 +117,33 @@ class StepGraph(nn.Cell):
         self.lr = lr
         self.guard = finite
         self.combine = combine
-        self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize, combine), None, optimizer.parameters,
-                                         has_aux=True)
+        if part != "update":
+            self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize, combine), None,
+                                             optimizer.parameters, has_aux=True)
         self.counter = counter
-        # a Python constant: the micro-step graph of an accumulating step compiles without the update
-        self.boundary = boundary
+        # a Python constant: each part compiles only its own stages
+        self.part = part
         self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names + lr.metric_names \
             + finite.metric_names
         self.identity_unscale = accumulate.k == 1 and not scale.metric_names and normalize == "mean"
 
     def construct(self, *batch):
+        if self.part == "update":
+            grads, total_weight = self.accumulate.totals()
+            lrs = self.lr.values(self.counter.value)
+            flags = self.guard.flags(grads)
+            finite, norm = self._update(grads, total_weight, lrs)
+            # the micro-step graph that ran just before reports the loss and the user's aux values
+            loss = ms.Tensor(float("nan"), ms.float32)
+            return ((loss, self.counter.value + 0, finite) + self.scale.metrics(finite) + self.clip.metrics(norm)
+                    + self.lr.metrics(lrs) + self.guard.metrics(flags)), (), ()
         (_, (loss, weight, aux, parts)), grads = self.grad_fn(*batch)
         grads, total_weight = self.accumulate.add(grads, weight)
         lrs = self.lr.values(self.counter.value)
         # on_nonfinite="raise": which parameters' (accumulated) gradients are finite, every call, so the
         # host can raise at the first micro-step that brings a non-finite value into the window
         flags = self.guard.flags(grads)
-        if self.boundary:
+        if self.part == "full":
             finite, norm = self._update(grads, total_weight, lrs)
             applied = finite
         else:

@@ -46,6 +46,10 @@ class Accumulate(nn.Cell):
         total = tuple(acc + 0 for acc in self.acc)
         return total, self.weight + 0
 
+    def totals(self):
+        """The window's gradient sum and weight (for the update graph, which runs no forward)."""
+        return tuple(acc + 0 for acc in self.acc), self.weight + 0
+
     def reset(self):
         for acc in self.acc:
             ops.assign(acc, ops.zeros_like(acc))

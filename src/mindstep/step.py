@@ -228,7 +228,8 @@ class TrainStep:
                       accumulate=_accumulate.stage(params, k, name), clip=_clip.Clip(clip_grad_norm, clip_grad_value),
                       ema=_ema.stage(params, ema, name), lr=lr_stage, combine=losses,
                       finite=_nonfinite.stage(self.on_nonfinite, name))
-        self.graph = StepGraph(forward, optimizer, **stages)  # the boundary graph: every stage
+        # k = 1: every stage in one graph; k > 1: the micro-step graph (see mindstep._graph)
+        self.graph = StepGraph(forward, optimizer, part="full" if k == 1 else "micro", **stages)
         self._param_names = [p.name for p in params]
         self._group_of = {n: label for label, names in _groups.labelled_groups(optimizer) for n in names}
         watch = {id(p): p for p in self.graph.get_parameters()}
@@ -236,9 +237,9 @@ class TrainStep:
             watch.update((id(p), p) for p in cell.get_parameters())
         runner = dict(jit=jit, compiler=compiler, name=name, watch=watch.values(), guards=guards)
         self._runner = _compile.Runner(self.graph, **runner)
-        # k > 1: micro-steps run a graph of their own, chosen on the host (see mindstep._graph)
-        self._micro_runner = None if k == 1 else _compile.Runner(
-            StepGraph(forward, optimizer, boundary=False, **stages), **runner)
+        # k > 1: every k-th call also runs the update graph on the accumulators, no forward
+        self._update_runner = None if k == 1 else _compile.Runner(
+            StepGraph(forward, optimizer, part="update", **stages), **runner)
         self._micro = 0  # calls into the current window, mirrored from `<name>.micro`
         self.debug = debug
         self._watch_all = list(watch.values())
@@ -286,17 +287,22 @@ class TrainStep:
 
     @property
     def compile_count(self) -> int:
-        """How many times MindSpore compiled this step for a new input (0 when `jit=False`). An
-        accumulating step's micro-step and boundary graphs each compile once per input signature;
-        this counts the larger of the two."""
-        return max(r.compile_count for r in self._runners())
+        """How many times MindSpore compiled this step for a new input (0 when `jit=False`): the
+        forward graph's compiles (one per input signature). An accumulating step's update graph
+        takes no inputs and compiles once; `update_compile_count` counts it."""
+        return self._runner.compile_count
+
+    @property
+    def update_compile_count(self) -> int:
+        """Compiles of the update graph of an accumulating step (0 for accumulate=1 or before the first update)."""
+        return 0 if self._update_runner is None else self._update_runner.compile_count
 
     def _runners(self) -> list:
-        return [self._runner] + ([self._micro_runner] if self._micro_runner is not None else [])
+        return [self._runner] + ([self._update_runner] if self._update_runner is not None else [])
 
     def _sync_micro(self) -> None:
         """Re-read the window position from its Parameter (after a checkpoint load)."""
-        if self._micro_runner is not None:
+        if self._update_runner is not None:
             self._micro = int(self.graph.accumulate.micro.asnumpy())
 
     def state_parameters(self) -> list:
@@ -355,12 +361,14 @@ class TrainStep:
             from ._debug import report
 
             print(report(self, tensors), flush=True)
-        runner = self._runner if self._micro == self.accumulate - 1 or self._micro_runner is None else self._micro_runner
         try:
-            values, aux_values, aux_keys = runner(*tensors)
+            values, aux_values, aux_keys = self._runner(*tensors)
         except (TypeError, ValueError, IndexError) as error:
-            raise _compile.step_failure(error, runner.signatures, tensors) from None
+            raise _compile.step_failure(error, self._runner.signatures, tensors) from None
         self._micro = (self._micro + 1) % self.accumulate
+        if self._update_runner is not None and self._micro == 0:  # the window is complete: update
+            update, _, _ = self._update_runner()
+            values = tuple(values[:1]) + tuple(update[1:])  # the loss is the micro-batch's
         metrics = dict(zip(self.graph.metric_names, values))
         for key, value in zip(aux_keys, aux_values):
             if key in metrics:
