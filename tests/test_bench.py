@@ -252,3 +252,43 @@ def test_jit_nocheck_is_jit_without_the_finite_check_and_nothing_else():
         losses[mode] = [float(run(*batch).asnumpy()) for _ in range(2)]
         assert settings.get("on_nonfinite") == ("apply" if mode == "jit-nocheck" else None)
     assert losses["jit"] == losses["jit-nocheck"]  # finite batches: the check changes no arithmetic
+
+
+def test_first_window_holds_the_update_graphs_compile_and_only_one_steady_call():
+    from mindstep.bench.worker import first_window_s
+
+    # k = 1: the first call as it is; k = 2: calls 1-2 less one steady call (the mean of the measured ones)
+    assert first_window_s([5.0, 1.0, 1.0, 1.0], warmup=1) == 5.0
+    assert first_window_s([5.0, 3.0, 1.0, 2.0, 1.0, 2.0], warmup=2, k=2) == pytest.approx(5.0 + 3.0 - 1.5)
+
+
+def test_repeat_interleaves_the_modes_and_reports_medians_spread_and_the_best_peak(monkeypatch):
+    calls, peaks, p50s = [], iter([100.0, 150.0, 120.0]), {"jit": iter([10.0, 14.0]), "seed": iter([20.0, 12.0])}
+
+    def fake_worker(spec, timeout_s, extra_env=None):
+        calls.append(spec["mode"])
+        if spec["mode"] == "peak":
+            return {"peak_gflops": next(peaks)}
+        p50 = next(p50s[spec["mode"]])
+        return {"mode": spec["mode"], "model": "mlp", "batch_size": 8, "throughput": 8 / (p50 / 1000),
+                "step_ms_p50": p50, "step_ms_p90": p50 + 1, "compile_s": p50 / 10, "peak_mem_mb": 400 + p50,
+                "mem_source": "process peak RSS", "flops_per_step": 1e9, "loss_first": 1.0, "loss_last": 0.5,
+                "settings": {}}
+
+    monkeypatch.setattr(runner, "run_worker", fake_worker)
+    rep = runner.run(runner.BenchConfig(model="mlp", modes=("jit", "seed"), repeat=2))
+    assert calls == ["peak", "jit", "seed", "peak", "jit", "seed", "peak"]  # interleaved, peak between rounds
+    assert rep["peak_gflops"] == 150.0 and rep["peak_runs_gflops"] == [100.0, 150.0, 120.0]
+    jit, seed = rep["results"]
+    assert jit["step_ms_p50"] == 12.0 and jit["runs"]["step_ms_p50"] == [10.0, 14.0]
+    assert jit["step_ms_spread"] == pytest.approx(4 / 12) and seed["step_ms_spread"] == pytest.approx(8 / 16)
+    assert jit["throughput"] == pytest.approx(8 / 0.012) and jit["mfu"] == pytest.approx(1e9 / 0.012 / 1e9 / 150)
+    assert "±17%" in report.rows(rep)[0][3] and "median of 2 interleaved runs" in report.title(rep)
+    with pytest.raises(ValueError, match="`repeat`"):
+        runner.BenchConfig(model="mlp", repeat=0).validate()
+
+
+def test_a_failed_run_fails_the_repeated_row():
+    ok = {"step_ms_p50": 1.0, "step_ms_p90": 1.0, "compile_s": 1.0, "peak_mem_mb": 1.0, "batch_size": 1}
+    row = runner.combine([ok, {"error": "exit code 1: boom"}])
+    assert row["error"] == "exit code 1: boom (run 2 of 2)"

@@ -50,7 +50,7 @@ def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True):
     if mode in ("pynative", "jit"):
         opt = make_optimizer(net)
         step = TrainStep.from_net(net, loss_fn, opt, jit=(mode == "jit"), **extra)
-        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, **extra}
+        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "step": step, **extra}
     if mode == "jit-opt":
         settings = OPT_SETTINGS.get(device, OPT_SETTINGS["CPU"])
         if settings["precision"] != "fp32":

@@ -25,7 +25,8 @@ def rows(report: dict) -> list[list[str]]:
             out.append([r["mode"], "FAILED", "-", "-", "-", "-", "-", "-", "-", r["error"][:60]])
             continue
         out.append([r["mode"], _fmt(r["throughput"], ".1f"), _fmt(rel.get(r["mode"]), ".2f") + "x" if r["mode"] in rel else "-",
-                    _fmt(r["step_ms_p50"], ".1f"), _fmt(r["step_ms_p90"], ".1f"), _fmt(r["compile_s"], ".2f"),
+                    _fmt(r["step_ms_p50"], ".1f") + (f" ±{50 * r['step_ms_spread']:.0f}%" if "step_ms_spread" in r else ""),
+                    _fmt(r["step_ms_p90"], ".1f"), _fmt(r["compile_s"], ".2f"),
                     _fmt(r["peak_mem_mb"], ".0f"), _fmt(100 * r["mfu"], ".2f") + "%", _fmt(r["loss_first"], ".4f"),
                     _fmt(r["loss_last"], ".4f")])
     return out
@@ -35,9 +36,12 @@ def title(report: dict) -> str:
     c = report["config"]
     size = f"seq {c['seq_len']}" if c["model"] == "bert" else f"{c['image_size']}px"
     sources = sorted({r["mem_source"] for r in report["results"] if r.get("mem_source")})
+    repeat = c.get("repeat", 1)
+    runs = (f"; median of {repeat} interleaved runs per mode, ± half the range of their p50s" if repeat > 1 else "")
     return (f"{c['model']}, batch {c['batch_size']}, {size}, {c['steps']} timed steps after {c['warmup']} warm-up, "
             f"{report['device']}, MindSpore {report['mindspore']}, peak {report['peak_gflops']:.1f} GFLOP/s "
-            f"(2048^2 fp32 matmul); memory = {', '.join(sources) or 'n/a'}")
+            f"(best 2048^2 fp32 matmul of {len(report.get('peak_runs_gflops', [])) or 1} runs); "
+            f"memory = {', '.join(sources) or 'n/a'}{runs}")
 
 
 def print_table(report: dict, console: Console | None = None) -> None:

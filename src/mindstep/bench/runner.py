@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -26,6 +27,7 @@ class BenchConfig:
     seq_len: int = 64
     steps: int = 5
     warmup: int = 1
+    repeat: int = 1  # runs of every mode, interleaved; rows report the median of the per-run medians
     seed: int = 0
     distinct_batches: int = 2
     features: bool = False
@@ -50,6 +52,7 @@ class BenchConfig:
         check_int("steps", self.steps, minimum=1)
         check_int("warmup", self.warmup, minimum=1, fix="The first call compiles; keep --warmup >= 1 so it is not timed.")
         check_int("distinct_batches", self.distinct_batches, minimum=1)
+        check_int("repeat", self.repeat, minimum=1, fix="e.g. --repeat 3 to see the spread between runs.")
         budget = self.opt_memory_budget
         if budget not in ("jit", "none"):
             try:
@@ -87,13 +90,18 @@ def run_worker(spec: dict, timeout_s: int, extra_env: dict | None = None) -> dic
 
 
 def run(cfg: BenchConfig, on_progress=None) -> dict:
-    """Measure the device peak, then every mode; the result follows the documented JSON schema."""
+    """Measure the device peak and every mode, `cfg.repeat` times interleaved (peak, all modes, peak,
+    all modes, ..., peak); the result follows the documented JSON schema."""
     cfg.validate()
-    total = len(cfg.modes) + 1
-    if on_progress:
-        on_progress("peak matmul", 0, total)
-    peak = run_worker({"mode": "peak"}, cfg.timeout_s, cfg.extra_env)
-    peak_gflops = peak.get("peak_gflops", float("nan"))
+    total = cfg.repeat * len(cfg.modes) + 1
+    peaks = []
+
+    def measure_peak():
+        if on_progress:
+            on_progress("peak matmul", 0, total)
+        peaks.append(run_worker({"mode": "peak"}, cfg.timeout_s, cfg.extra_env).get("peak_gflops", float("nan")))
+
+    measure_peak()
     prepared = None
     if "jit-opt" in cfg.modes:
         if on_progress:
@@ -102,21 +110,57 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
     # jit runs before jit-opt whatever the listed order: its measured peak memory is the native
     # reference for jit-opt's memory budget (see mindstep.optimize.pass_.budget_mb)
     order = sorted(cfg.modes, key=lambda m: m == "jit-opt")
-    rows, calibration = {}, None
-    for i, mode in enumerate(order, start=1):
-        if on_progress:
-            on_progress(mode, i, total)
-        spec = spec_for(cfg, mode)
-        if mode == "jit-opt":
-            calibration = _opt_settings(cfg, spec, rows.get("jit", {}), on_progress, i, total)
-        out = run_worker(spec, cfg.timeout_s, cfg.extra_env)
-        rows[mode] = _row(cfg, mode, out, peak_gflops)
+    runs, calibration, specs, i = {m: [] for m in order}, None, {}, 0
+    for r in range(cfg.repeat):
+        for mode in order:
+            i += 1
+            if on_progress:
+                on_progress(mode if cfg.repeat == 1 else f"{mode} (run {r + 1}/{cfg.repeat})", i, total)
+            if mode not in specs:
+                specs[mode] = spec_for(cfg, mode)
+                if mode == "jit-opt":  # calibrated once, against the first jit run
+                    first_jit = _row(cfg, "jit", runs["jit"][0], float("nan")) if runs.get("jit") else {}
+                    calibration = _opt_settings(cfg, specs[mode], first_jit, on_progress, i, total)
+            runs[mode].append(run_worker(specs[mode], cfg.timeout_s, cfg.extra_env))
+        measure_peak()
+    good = [p for p in peaks if p == p and p > 0]
+    peak_gflops = max(good) if good else float("nan")
+    rows = {m: _row(cfg, m, combine(runs[m]), peak_gflops) for m in order}
     results = [rows[m] for m in cfg.modes]
     if on_progress:
         on_progress("done", total, total)
+    from .worker import PEAK_N, PEAK_REPEATS
+
     return {"device": ms.get_context("device_target"), "mindspore": ms.__version__, "peak_gflops": peak_gflops,
+            "peak_runs_gflops": peaks,
+            "peak_method": f"best of {PEAK_REPEATS} fp32 {PEAK_N}x{PEAK_N} matmuls under ms.jit in each of "
+                           f"{len(peaks)} processes (before the modes and after each round of them); the best "
+                           f"over all",
             "config": {k: v for k, v in asdict(cfg).items() if k not in ("extra_env",)},
             "optimize_prepare": prepared, "optimize_calibration": calibration, "results": results}
+
+
+RUN_KEYS = ("step_ms_p50", "step_ms_p90", "compile_s", "peak_mem_mb")
+
+
+def combine(outs: list) -> dict:
+    """One row from a mode's repeated runs: the median of each per-run figure, with every run's
+    figures under `runs` and the p50's spread ((max - min) / median); a failed run fails the row."""
+    failed = [o for o in outs if "error" in o]
+    if failed:
+        return dict(failed[0], error=failed[0]["error"] + (f" (run {outs.index(failed[0]) + 1} of {len(outs)})"
+                                                             if len(outs) > 1 else ""))
+    row = dict(outs[0])
+    if len(outs) == 1:
+        return row
+    for key in RUN_KEYS:
+        row[key] = statistics.median(o[key] for o in outs)
+    row["throughput"] = row["batch_size"] / (row["step_ms_p50"] / 1000.0)
+    p50s = [o["step_ms_p50"] for o in outs]
+    row["runs"] = {key: [o[key] for o in outs] for key in RUN_KEYS}
+    row["step_ms_spread"] = (max(p50s) - min(p50s)) / row["step_ms_p50"]
+    row["loss_last"] = outs[0]["loss_last"]
+    return row
 
 
 def _opt_settings(cfg: BenchConfig, spec: dict, jit: dict, on_progress, i: int, total: int) -> dict | None:
