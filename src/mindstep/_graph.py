@@ -138,7 +138,11 @@ class StepGraph(nn.Cell):
             return ((loss, self.counter.value + 0, finite) + self.scale.metrics(finite) + self.clip.metrics(norm)
                     + self.lr.metrics(lrs) + self.guard.metrics(flags)), (), ()
         (_, (loss, weight, aux, parts)), grads = self.grad_fn(*batch)
-        grads, total_weight = self.accumulate.add(grads, weight)
+        if self.part == "micro":  # add only: no copy of the sums (the update graph reads them)
+            self.accumulate.add_only(grads, weight)
+            grads = self.accumulate.acc
+        else:
+            grads, total_weight = self.accumulate.add(grads, weight)
         lrs = self.lr.values(self.counter.value)
         # on_nonfinite="raise": which parameters' (accumulated) gradients are finite, every call, so the
         # host can raise at the first micro-step that brings a non-finite value into the window

@@ -46,9 +46,17 @@ class Accumulate(nn.Cell):
         total = tuple(acc + 0 for acc in self.acc)
         return total, self.weight + 0
 
+    def add_only(self, grads, weight):
+        """Add to the accumulators and count the micro-step (the micro-step graph: nothing returned)."""
+        for acc, grad in zip(self.acc, grads):
+            ops.assign_add(acc, grad)
+        ops.assign_add(self.weight, weight)
+        ops.assign_add(self.micro, ms.Tensor(1, ms.int32))
+        return True
+
     def totals(self):
         """The window's gradient sum and weight (for the update graph, which runs no forward)."""
-        return tuple(acc + 0 for acc in self.acc), self.weight + 0
+        return tuple(self.acc), self.weight + 0
 
     def reset(self):
         for acc in self.acc:
