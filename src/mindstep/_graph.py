@@ -134,15 +134,13 @@ class StepGraph(nn.Cell):
             flags = self.guard.flags(grads)
             finite, norm = self._update(grads, total_weight, lrs)
             # the micro-step graph that ran just before reports the loss and the user's aux values
-            loss = ms.Tensor(float("nan"), ms.float32)
-            return ((loss, self.counter.value + 0, finite) + self.scale.metrics(finite) + self.clip.metrics(norm)
-                    + self.lr.metrics(lrs) + self.guard.metrics(flags)), (), ()
+            return self._metrics(ms.Tensor(float("nan"), ms.float32), finite, finite, norm, lrs, flags), (), ()
         (_, (loss, weight, aux, parts)), grads = self.grad_fn(*batch)
-        if self.part == "micro":  # add only: no copy of the sums (the update graph reads them)
-            self.accumulate.add_only(grads, weight)
+        if self.part == "micro":  # add in place: no copy of the sums (the update graph reads them)
+            self.accumulate.add(grads, weight)
             grads = self.accumulate.acc
-        else:
-            grads, total_weight = self.accumulate.add(grads, weight)
+        else:  # k = 1: this batch is the whole window
+            total_weight = weight
         lrs = self.lr.values(self.counter.value)
         # on_nonfinite="raise": which parameters' (accumulated) gradients are finite, every call, so the
         # host can raise at the first micro-step that brings a non-finite value into the window
@@ -154,11 +152,15 @@ class StepGraph(nn.Cell):
             finite = ms.Tensor(True)
             norm = ms.Tensor(float("nan"), ms.float32)
             applied = ms.Tensor(False)
-        metrics = ((loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
-                   + self.lr.metrics(lrs) + self.guard.metrics(flags))
+        metrics = self._metrics(loss, applied, finite, norm, lrs, flags)
         # Returning the aux dict itself makes MindSpore 2.10 compile ~3x slower (ResNet-18: 8.7 s vs
         # 3.0 s); its values and its (constant) keys as two tuples compile at the normal speed.
         return metrics, tuple(parts.values()) + tuple(aux.values()), tuple(parts.keys()) + tuple(aux.keys())
+
+    def _metrics(self, loss, applied, finite, norm, lrs, flags):
+        """The flat metric tuple, in `metric_names` order."""
+        return ((loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
+                + self.lr.metrics(lrs) + self.guard.metrics(flags))
 
     def _update(self, grads, total_weight, lrs):
         """Stages 7-13, once per accumulation window."""

@@ -15,12 +15,9 @@ NORMALIZE = ("mean", "count")
 
 
 class NoAccumulate(nn.Cell):
-    """k = 1: every call is a boundary; gradients pass through."""
+    """k = 1: every call is a boundary; the gradients go straight to the update."""
 
     k = 1
-
-    def add(self, grads, weight):
-        return grads, weight
 
     def reset(self):
         return True
@@ -39,15 +36,7 @@ class Accumulate(nn.Cell):
         self.micro = ms.Parameter(ms.Tensor(0, ms.int32), name=f"{prefix}.micro", requires_grad=False)
 
     def add(self, grads, weight):
-        for acc, grad in zip(self.acc, grads):
-            ops.assign_add(acc, grad)
-        ops.assign_add(self.weight, weight)
-        ops.assign_add(self.micro, ms.Tensor(1, ms.int32))
-        total = tuple(acc + 0 for acc in self.acc)
-        return total, self.weight + 0
-
-    def add_only(self, grads, weight):
-        """Add to the accumulators and count the micro-step (the micro-step graph: nothing returned)."""
+        """Add to the accumulators and count the micro-step, in place (the micro-step graph)."""
         for acc, grad in zip(self.acc, grads):
             ops.assign_add(acc, grad)
         ops.assign_add(self.weight, weight)

@@ -297,9 +297,6 @@ class TrainStep:
         """Compiles of the update graph of an accumulating step (0 for accumulate=1 or before the first update)."""
         return 0 if self._update_runner is None else self._update_runner.compile_count
 
-    def _runners(self) -> list:
-        return [self._runner] + ([self._update_runner] if self._update_runner is not None else [])
-
     def _sync_micro(self) -> None:
         """Re-read the window position from its Parameter (after a checkpoint load)."""
         if self._update_runner is not None:
