@@ -159,7 +159,6 @@ def combine(outs: list) -> dict:
     p50s = [o["step_ms_p50"] for o in outs]
     row["runs"] = {key: [o[key] for o in outs] for key in RUN_KEYS}
     row["step_ms_spread"] = (max(p50s) - min(p50s)) / row["step_ms_p50"]
-    row["loss_last"] = outs[0]["loss_last"]
     return row
 
 

@@ -72,18 +72,20 @@ def run(spec: dict) -> dict:
                for _ in range(spec["distinct_batches"])]
     flops = 3.0 * zoo.forward_flops(net, batches[0][:1])  # forward + backward (2x forward)
     warmup = spec["warmup"]
-    feed = [batches[i % len(batches)] for i in range(warmup + spec["steps"])]
+
+    def feed():
+        return [batches[i % len(batches)] for i in range(warmup + spec["steps"])]
+
     if spec["mode"] == "model":
-        times, losses, compile_s, settings = _run_model(net, loss_fn, feed)
+        times, losses, compile_s, settings = _run_model(net, loss_fn, feed())
     else:
         run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
                                          optimize=spec.get("optimize", True))
         # an accumulating step compiles its update graph at its k-th call: keep that call out of the timing
         warmup = max(warmup, getattr(settings.get("step"), "accumulate", 1))
-        feed = [batches[i % len(batches)] for i in range(warmup + spec["steps"])]
         times, losses = [], []
         profiler = None
-        for i, batch in enumerate(feed):
+        for i, batch in enumerate(feed()):
             if i == warmup and spec.get("profile_dir"):
                 profiler = _start_profiler(spec["profile_dir"])
             t0 = time.perf_counter()
