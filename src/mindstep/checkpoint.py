@@ -222,8 +222,9 @@ def read_manifest(path) -> dict:
     return manifest
 
 
-def _complete(folder: Path) -> list:
-    """[(created_ns, payload path)] of the complete checkpoints in `folder`, oldest first; warns on others."""
+def _candidates(folder: Path) -> list:
+    """[(created_ns, payload path)] of the checkpoints in `folder` with a readable manifest, oldest
+    first, their payloads not yet verified; warns about payloads without a manifest (torn saves)."""
     found, described = [], set()
     for mpath in sorted(folder.glob("*" + MANIFEST_SUFFIX)):
         if mpath.name.startswith("."):
@@ -231,24 +232,34 @@ def _complete(folder: Path) -> list:
         payload = Path(str(mpath)[:-len(MANIFEST_SUFFIX)])
         described.add(payload.name)
         try:
-            manifest = read_manifest(payload)
-        except CheckpointError as e:
-            warnings.warn(f"skipping the checkpoint {payload}: {e}", CheckpointWarning, stacklevel=3)
-            continue
-        found.append((manifest["created_ns"], payload))
+            created = json.loads(mpath.read_text())["created_ns"]
+        except (ValueError, KeyError, TypeError):
+            created = -1  # read_manifest names what is wrong with it when it is verified
+        found.append((created, payload))
     for suffix in FORMATS.values():
         for payload in folder.glob("*" + suffix):
             if not payload.name.startswith(".") and payload.name not in described:
                 warnings.warn(f"skipping {payload}: it has no manifest, so its save did not complete.",
-                              CheckpointWarning, stacklevel=3)
+                              CheckpointWarning, stacklevel=4)
     return sorted(found)
+
+
+def _verified(payload: Path) -> bool:
+    """Whether the checkpoint is complete (`read_manifest`); warns naming it when it is not."""
+    try:
+        read_manifest(payload)
+    except CheckpointError as e:
+        warnings.warn(f"skipping the checkpoint {payload}: {e}", CheckpointWarning, stacklevel=4)
+        return False
+    return True
 
 
 def latest(folder) -> Path | None:
     """The payload path of the newest complete checkpoint in `folder`, or None if there is none.
 
-    Torn checkpoints (a payload without its manifest) and corrupt ones (a payload that does not
-    match its manifest's checksum) are skipped with a `CheckpointWarning` naming the file.
+    Torn checkpoints (a payload without its manifest) and corrupt ones newer than the one returned
+    (a payload that does not match its manifest's checksum) are skipped with a `CheckpointWarning`
+    naming the file. Payloads are verified newest first, so older ones are not read at all.
 
     Example:
         >>> path = mindstep.checkpoint.latest("runs/ckpt")  # doctest: +SKIP
@@ -258,12 +269,12 @@ def latest(folder) -> Path | None:
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    found = _complete(folder)
-    return found[-1][1] if found else None
+    return next((payload for _, payload in reversed(_candidates(folder)) if _verified(payload)), None)
 
 
 def _prune(folder: Path, keep: int) -> None:
-    for _, payload in _complete(folder)[:-keep]:
+    complete = [payload for _, payload in _candidates(folder) if _verified(payload)]
+    for payload in complete[:-keep]:
         manifest_path(payload).unlink(missing_ok=True)  # the manifest first: a crash here leaves a torn payload
         _fsync_dir(folder)
         payload.unlink(missing_ok=True)
