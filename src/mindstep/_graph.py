@@ -40,6 +40,8 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from . import _map
+
 
 def _objective(forward, scale, normalize: str, combine):
     """Wrap `forward` as `objective(*batch) -> (scaled objective, (loss, weight, aux, parts))`.
@@ -166,7 +168,7 @@ class StepGraph(nn.Cell):
         """Stages 7-13, once per accumulation window."""
         if not self.identity_unscale:  # k = 1 without loss scaling: nothing to divide
             factor = self.scale.unscale_factor() / total_weight
-            grads = tuple(g * factor for g in grads)
+            grads = _map.MAP(ops.partial(_map.mul, factor), grads)
         finite = self.guard.all_finite(grads)
         norm = self.clip.norm(grads)
         if finite:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from . import _map
+
 NORMALIZE = ("mean", "count")
 
 
@@ -37,9 +39,10 @@ class Accumulate(nn.Cell):
 
     def add(self, grads, weight):
         """Add to the accumulators and count the micro-step, in place (the micro-step graph)."""
-        for acc, grad in zip(self.acc, grads):
-            ops.assign_add(acc, grad)
-        ops.assign_add(self.weight, weight)
+        # one HyperMap, not a Python loop: an unrolled loop over ResNet-18's 62 tensors compiled ~5x
+        # slower and held more memory (see mindstep/_map.py)
+        done = _map.MAP(ops.assign_add, self.acc, grads)
+        ops.assign_add(self.weight, ops.depend(weight, done))
         ops.assign_add(self.micro, ms.Tensor(1, ms.int32))
         return True
 
@@ -48,9 +51,8 @@ class Accumulate(nn.Cell):
         return tuple(self.acc), self.weight + 0
 
     def reset(self):
-        for acc in self.acc:
-            ops.assign(acc, ops.zeros_like(acc))
-        ops.assign(self.weight, ms.Tensor(0.0, ms.float32))
+        done = _map.MAP(_map.zero, self.acc)
+        ops.assign(self.weight, ops.depend(ms.Tensor(0.0, ms.float32), done))
         ops.assign(self.micro, ms.Tensor(0, ms.int32))
         return True
 

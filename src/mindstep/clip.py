@@ -10,13 +10,12 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import nn, ops
 
+from . import _map
+
 
 def global_norm(grads):
     """The L2 norm of all gradients together, in float32."""
-    total = ops.zeros((), ms.float32)
-    for g in grads:
-        total = total + ops.square(g.astype(ms.float32)).sum()
-    return ops.sqrt(total)
+    return ops.sqrt(ops.addn(_map.MAP(_map.square_sum, grads)))
 
 
 class Clip(nn.Cell):
@@ -35,12 +34,12 @@ class Clip(nn.Cell):
 
     def construct(self, grads, norm):
         if self.value_limit is not None:
-            grads = tuple(ops.clamp(g, -self.value_limit, self.value_limit) for g in grads)
+            grads = _map.MAP(ops.partial(_map.clamp, self.value_limit), grads)
             if self.norm_limit is not None:
                 norm = global_norm(grads)
         if self.norm_limit is not None:
             factor = self.norm_limit / ops.maximum(norm, self.norm_limit)
-            grads = tuple(g * factor.astype(g.dtype) for g in grads)
+            grads = _map.MAP(ops.partial(_map.scale, factor), grads)
         return grads
 
     def metrics(self, norm):

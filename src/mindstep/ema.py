@@ -11,6 +11,8 @@ import contextlib
 import mindspore as ms
 from mindspore import nn, ops
 
+from . import _map
+
 
 class NoEMA(nn.Cell):
     def update(self):
@@ -26,9 +28,8 @@ class EMA(nn.Cell):
             ms.Parameter(ms.Tensor(p.asnumpy().copy()), name=f"{prefix}.ema.{p.name}", requires_grad=False) for p in params)
 
     def update(self):
-        for s, p in zip(self.shadow, self.params):
-            ops.assign(s, s * self.decay + p * (1.0 - self.decay))
-        return True
+        done = _map.MAP(ops.partial(_map.follow, self.decay), self.shadow, self.params)
+        return ops.depend(ms.Tensor(True), done)
 
     @contextlib.contextmanager
     def swapped(self):

@@ -24,6 +24,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import amp, nn, ops
 
+from . import _map
 from ._errors import bad_value, check_choice, check_int
 
 POLICIES = ("skip", "raise", "apply")
@@ -83,7 +84,7 @@ class FiniteCheck(nn.Cell):
         """One bool per gradient (raise mode only): which parameters' gradients are finite."""
         if not self.per_param:
             return ()
-        return (ops.stack([ops.isfinite(g).all() for g in grads]),)
+        return (ops.stack(_map.MAP(_map.all_finite, grads)),)
 
     def record(self, finite):
         """Count a skipped update; returns `finite`, after the counters are written."""
