@@ -1,16 +1,42 @@
-"""The `mindstep` command line: thin parsing over the library (STYLE.md principle 8)."""
+"""mindstep: your MindSpore training logic as one compiled, correct, measured training step.
+
+MindSpore's own log lines are hidden unless you pass --verbose or set GLOG_v.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
+import textwrap
+
+EXAMPLES = {
+    None: """examples:
+  mindstep env
+  mindstep bench --model resnet18 --modes jit,jit-opt,model
+  mindstep doctor train.py src/
+  mindstep doctor --explain error.log
+  mindstep demo --steps 20""",
+    "env": """examples:
+  mindstep env                 # versions, devices, CPU, memory, mindspore.run_check()
+  mindstep env --peak --json   # also a measured fp32 GEMM GFLOP/s, as JSON""",
+    "bench": """examples:
+  mindstep bench                                          # ResNet-18, the default modes
+  mindstep bench --model bert --modes jit,model,onestep --steps 8 --repeat 3
+  mindstep bench --model resnet50 --all-features --modes jit,jit-all --json out.json""",
+    "doctor": """examples:
+  mindstep doctor train.py models/      # static check, nothing runs
+  python train.py 2> err.log; mindstep doctor --explain err.log""",
+    "demo": """examples:
+  mindstep demo
+  mindstep demo --steps 50 --batch-size 64 --json""",
+}
 
 
 def _cmd_env(args) -> int:
     from . import env
 
-    info = env.report(run_check=not args.no_run_check)
+    info = env.report(run_check=not args.no_run_check, peak=args.peak)
     print(json.dumps(info, indent=2) if args.json else env.render(info))
     return 0 if info.get("run_check", {}).get("passed", True) else 1
 
@@ -129,16 +155,48 @@ def _positive(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mindstep", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _version() -> str:
+    """`mindstep X (MindSpore Y, Python Z)`, without importing MindSpore."""
+    import platform
+    from importlib import metadata
 
-    p = sub.add_parser("env", help="MindSpore, devices, cores, memory, numpy, run_check")
+    from . import __version__
+
+    try:
+        ms_version = metadata.version("mindspore")
+    except metadata.PackageNotFoundError:
+        ms_version = "not installed"
+    return f"mindstep {__version__} (MindSpore {ms_version}, Python {platform.python_version()})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show MindSpore's own log lines (warnings and C++ call stacks)")
+    parser = argparse.ArgumentParser(prog="mindstep", description=__doc__, epilog=EXAMPLES[None],
+                                     formatter_class=fmt, parents=[common])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, help_, description):
+        return sub.add_parser(name, help=help_, description=textwrap.fill(description, 100), epilog=EXAMPLES[name],
+                              formatter_class=fmt, parents=[common])
+
+    p = command("env", "what this machine is: versions, devices, CPU, memory",
+                "Print what MindSpore sees here: mindstep, MindSpore, numpy and Python versions; whether "
+                "Ascend, GPU and CPU are usable; the CPU model and SIMD flags (every speed figure depends "
+                "on them); cores and memory; and whether mindspore.run_check() passes.")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--no-run-check", action="store_true", help="skip mindspore.run_check()")
+    p.add_argument("--peak", action="store_true",
+                   help="also measure an fp32 GEMM ceiling (GFLOP/s, best of 8 2048x2048 matmuls; a few seconds)")
     p.set_defaults(func=_cmd_env)
 
-    p = sub.add_parser("bench", help="PyNative vs jit vs jit-opt vs plain MindSpore, side by side")
+    p = command("bench", "PyNative vs jit vs jit-opt vs plain MindSpore, side by side",
+                "Train a model for a few steps in each mode, each in a fresh process, and print throughput, "
+                "step time (median and p90), compile time, peak memory and MFU against this run's measured "
+                "GEMM peak, with the CPU named in the header.")
     p.add_argument("--model", default="resnet18", help="mlp, resnet18, resnet50, rrdbnet, bert (default resnet18)")
     p.add_argument("--modes", default="pynative,jit,jit-opt,seed,model",
                    help="comma-separated: pynative, jit, jit-all, jit-nocheck, jit-opt, seed, model, onestep")
@@ -163,24 +221,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="print the composed-operator pass's per-layer decisions")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser("doctor", help="find graph-mode pitfalls in training code; --explain a MindSpore error")
-    p.add_argument("paths", nargs="*", help="Python files or folders to check (static analysis, nothing runs)")
+    p = command("doctor", "find graph-mode pitfalls in training code; --explain a MindSpore error",
+                "Read Python files (nothing runs) and report the graph-mode pitfalls found, each with its "
+                "line and a fix; or explain a MindSpore error message read from a file or stdin.")
+    p.add_argument("paths", nargs="*", help="Python files or folders to check")
     p.add_argument("--explain", metavar="FILE", help="explain a MindSpore traceback read from FILE (- for stdin)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("demo", help="a short training run, PyNative vs the compiled step")
+    p = command("demo", "a short training run, PyNative vs the compiled step",
+                "Train a small conv net for a few steps eagerly (PyNative) and as one compiled mindstep step, "
+                "and print both runs' losses, step times and compile counts.")
     p.add_argument("--steps", type=_positive, default=20)
     p.add_argument("--batch-size", type=_positive, default=32)
     p.add_argument("--image-size", type=_positive, default=16)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_demo)
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbose", False):
+        _verbose()
     return args.func(args)
+
+
+def _verbose() -> None:
+    """MindSpore's default log level (warnings), unless the user set GLOG_v or MindSpore is loaded."""
+    import mindstep
+
+    if not mindstep.USER_LOG_LEVEL and "mindspore" not in sys.modules:
+        os.environ["GLOG_v"] = "2"
 
 
 if __name__ == "__main__":  # pragma: no cover
