@@ -26,6 +26,8 @@ def test_report_follows_the_json_schema(small_report):
     rep = json.loads(json.dumps(small_report))  # JSON round-trip
     assert isinstance(rep["device"], str) and rep["mindspore"] == ms.__version__
     assert rep["peak_gflops"] > 0
+    assert rep["cpu"]["model"] and isinstance(rep["cpu"]["simd"], list)
+    assert f"CPU: {rep['cpu']['summary']}" in report.title(rep)  # the header names the CPU
     assert [r["mode"] for r in rep["results"]] == ["pynative", "jit", "seed"]
     for r in rep["results"]:
         assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
@@ -82,6 +84,7 @@ def test_failed_rows_render_and_are_left_out_of_ratios():
            "results": [runner._row(runner.BenchConfig(model="mlp", batch_size=4), "pynative", {"error": "boom"}, 100.0)]}
     assert runner.ratios(rep) == {}
     assert report.rows(rep)[0][:2] == ["pynative", "FAILED"]
+    assert report.title(rep).endswith("CPU: not recorded")  # a report from before the CPU was recorded
     assert set(rep["results"][0]) >= ROW_KEYS and math.isnan(rep["results"][0]["throughput"])
 
 

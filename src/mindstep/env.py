@@ -9,6 +9,8 @@ import platform
 import numpy as np
 import psutil
 
+from . import _cpu
+
 
 def _device_usable(target: str) -> tuple[bool, str]:
     """Whether MindSpore can use `target` here, without initialising the runtime."""
@@ -42,8 +44,8 @@ def _run_check() -> tuple[bool, str]:
     return ok, lines[-1] if lines else "no output"
 
 
-def report(run_check: bool = True) -> dict:
-    """Collect the environment report as a JSON-ready dict."""
+def report(run_check: bool = True, peak: bool = False) -> dict:
+    """Collect the environment report as a JSON-ready dict; `peak` adds a measured GEMM ceiling."""
     import mindspore as ms
 
     devices = {}
@@ -61,9 +63,15 @@ def report(run_check: bool = True) -> dict:
         "device_target": ms.get_context("device_target"),
         "devices": devices,
         "cpu_cores": os.cpu_count(),
+        "cpu": _cpu.describe(),
         "memory_gb": round(mem.total / 2**30, 1),
         "memory_available_gb": round(mem.available / 2**30, 1),
     }
+    if peak:
+        from .bench.worker import PEAK_N, PEAK_REPEATS, measure_peak_gflops
+
+        info["gemm_peak"] = {"gflops": round(measure_peak_gflops(), 1), "device": info["device_target"],
+                             "method": f"best of {PEAK_REPEATS} fp32 {PEAK_N}x{PEAK_N} matmuls under ms.jit"}
     if run_check:
         ok, detail = _run_check()
         info["run_check"] = {"passed": ok, "detail": detail}
@@ -87,7 +95,13 @@ def render(info: dict) -> str:
     ]
     for target, d in info["devices"].items():
         lines.append(f"  {target:<7} {'yes' if d['usable'] else 'no ':<4} {d['detail']}")
+    cpu = info["cpu"]
+    lines.append(f"CPU           {cpu['model'] or 'unknown'} ({cpu['arch'] or 'unknown arch'})")
+    lines.append(f"  SIMD        {', '.join(cpu['simd']) or 'none reported'}")
     lines.append(f"CPU cores     {info['cpu_cores']}")
+    if "gemm_peak" in info:
+        g = info["gemm_peak"]
+        lines.append(f"GEMM peak     {g['gflops']} GFLOP/s fp32 on {g['device']} ({g['method']})")
     lines.append(f"memory        {info['memory_gb']} GiB ({info['memory_available_gb']} GiB available)")
     if "run_check" in info:
         rc = info["run_check"]

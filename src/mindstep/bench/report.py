@@ -7,6 +7,7 @@ import os
 from rich.console import Console
 from rich.table import Table
 
+from .. import _cpu
 from .runner import ratios
 
 COLUMNS = ("mode", "samples/s", "vs pynative", "ms/step p50", "p90", "compile s", "peak MB", "MFU", "loss first",
@@ -41,7 +42,12 @@ def title(report: dict) -> str:
     return (f"{c['model']}, batch {c['batch_size']}, {size}, {c['steps']} timed steps after {c['warmup']} warm-up, "
             f"{report['device']}, MindSpore {report['mindspore']}, peak {report['peak_gflops']:.1f} GFLOP/s "
             f"(best 2048^2 fp32 matmul of {len(report.get('peak_runs_gflops', [])) or 1} runs); "
-            f"memory = {', '.join(sources) or 'n/a'}{runs}")
+            f"memory = {', '.join(sources) or 'n/a'}{runs}\nCPU: {_cpu_line(report)}")
+
+
+def _cpu_line(report: dict) -> str:
+    cpu = report.get("cpu")
+    return _cpu.summary(cpu) if cpu else "not recorded"
 
 
 def print_table(report: dict, console: Console | None = None) -> None:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import mindspore as ms
 
+from .. import _cpu
 from .._errors import bad_value, check_choice, check_int
 from .modes import MODES
 from .worker import PREFIX
@@ -131,7 +132,8 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
         on_progress("done", total, total)
     from .worker import PEAK_N, PEAK_REPEATS
 
-    return {"device": ms.get_context("device_target"), "mindspore": ms.__version__, "peak_gflops": peak_gflops,
+    return {"device": ms.get_context("device_target"), "mindspore": ms.__version__, "cpu": _cpu.describe(),
+            "peak_gflops": peak_gflops,
             "peak_runs_gflops": peaks,
             "peak_method": f"best of {PEAK_REPEATS} fp32 {PEAK_N}x{PEAK_N} matmuls under ms.jit in each of "
                            f"{len(peaks)} processes (before the modes and after each round of them); the best "
