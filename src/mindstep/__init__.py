@@ -13,8 +13,8 @@ import sys as _sys
 import types as _types
 
 #: whether the user set GLOG_v (then mindstep never touches it)
-USER_LOG_LEVEL = "GLOG_v" in _os.environ
-if not USER_LOG_LEVEL and "mindspore" not in _sys.modules:
+_USER_GLOG = "GLOG_v" in _os.environ
+if not _USER_GLOG and "mindspore" not in _sys.modules:
     _os.environ["GLOG_v"] = "4"
 
 __version__ = "0.1.0"

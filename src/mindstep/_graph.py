@@ -128,6 +128,11 @@ class StepGraph(nn.Cell):
         self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names + lr.metric_names \
             + finite.metric_names
         self.identity_unscale = accumulate.k == 1 and not scale.metric_names and normalize == "mean"
+        # The update graph's gradients are the accumulators, reset at the end of every update: unscale
+        # and clip them where they are instead of holding a second copy of every gradient until the
+        # optimizer is done (float32 only, where `g * factor` keeps the dtype, so the values are the
+        # same bits as the copying path's).
+        self.in_place = part == "update" and all(a.dtype == ms.float32 for a in accumulate.acc)
 
     def construct(self, *batch):
         if self.part == "update":
@@ -168,11 +173,14 @@ class StepGraph(nn.Cell):
         """Stages 7-13, once per accumulation window."""
         if not self.identity_unscale:  # k = 1 without loss scaling: nothing to divide
             factor = self.scale.unscale_factor() / total_weight
-            grads = _map.MAP(ops.partial(_map.mul, factor), grads)
+            if self.in_place:
+                _map.MAP(ops.partial(_map.scale_into, factor), grads)
+            else:
+                grads = _map.MAP(ops.partial(_map.mul, factor), grads)
         finite = self.guard.all_finite(grads)
         norm = self.clip.norm(grads)
         if finite:
-            grads = self.clip(grads, norm)
+            grads = self.clip(grads, norm, self.in_place)
             self.lr.assign(lrs)
             self.optimizer(grads)
             self.ema.update()

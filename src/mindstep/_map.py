@@ -24,6 +24,11 @@ def mul(factor, g):
     return g * factor
 
 
+def scale_into(factor, p):
+    """`p * factor` in p's dtype, written into the Parameter `p`."""
+    return ops.assign(p, p * factor.astype(p.dtype))
+
+
 def scale(factor, g):
     """`g * factor` in g's dtype."""
     return g * factor.astype(g.dtype)
@@ -40,6 +45,11 @@ def all_finite(g):
 
 def clamp(limit, g):
     return ops.clamp(g, -limit, limit)
+
+
+def clamp_into(limit, p):
+    """Clamp the Parameter `p` to [-limit, limit] in place."""
+    return ops.assign(p, ops.clamp(p, -limit, limit))
 
 
 def follow(decay, shadow, param):

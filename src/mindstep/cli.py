@@ -251,7 +251,7 @@ def _verbose() -> None:
     """MindSpore's default log level (warnings), unless the user set GLOG_v or MindSpore is loaded."""
     import mindstep
 
-    if not mindstep.USER_LOG_LEVEL and "mindspore" not in sys.modules:
+    if not mindstep._USER_GLOG and "mindspore" not in sys.modules:
         os.environ["GLOG_v"] = "2"
 
 

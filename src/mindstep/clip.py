@@ -32,14 +32,22 @@ class Clip(nn.Cell):
             return ms.Tensor(float("nan"), ms.float32)
         return global_norm(grads)
 
-    def construct(self, grads, norm):
+    def construct(self, grads, norm, in_place=False):
+        """`in_place`: `grads` are float32 Parameters (the accumulators), clipped where they are; the
+        returned tuple is the same Parameters (MindSpore orders later reads after these writes)."""
         if self.value_limit is not None:
-            grads = _map.MAP(ops.partial(_map.clamp, self.value_limit), grads)
+            if in_place:
+                _map.MAP(ops.partial(_map.clamp_into, self.value_limit), grads)
+            else:
+                grads = _map.MAP(ops.partial(_map.clamp, self.value_limit), grads)
             if self.norm_limit is not None:
                 norm = global_norm(grads)
         if self.norm_limit is not None:
             factor = self.norm_limit / ops.maximum(norm, self.norm_limit)
-            grads = _map.MAP(ops.partial(_map.scale, factor), grads)
+            if in_place:
+                _map.MAP(ops.partial(_map.scale_into, factor), grads)
+            else:
+                grads = _map.MAP(ops.partial(_map.scale, factor), grads)
         return grads
 
     def metrics(self, norm):
