@@ -338,3 +338,23 @@ def test_bad_dynamic_scale_arguments():
         loss_scale.dynamic(period=0)
     with pytest.raises(ValueError, match="`loss_scale factor`"):
         loss_scale.dynamic(factor=1)
+
+
+def test_update_graph_in_place_equals_the_copying_path_bit_for_bit():
+    """The update graph unscales and clips the accumulators in place; the same step built to copy
+    them (as the k = 1 graph does) must end with the same bits in every Parameter."""
+    x, y = data(4 * 6, seed=7)
+    factors = [1, 1, np.inf, 1, 1, 1]
+    states = []
+    for in_place in (True, False):
+        _, _, step = make("adam", accumulate=2, loss_scale=loss_scale.dynamic(256.0, 2, 2), clip_grad_norm=0.5,
+                          clip_grad_value=0.02, ema=0.9, jit=True)
+        update = step._update_runner.cell
+        assert update.in_place is True  # float32 accumulators
+        update.in_place = in_place  # before the first call: a compile-time constant
+        for i, s in enumerate(factors):
+            step(x[4 * i: 4 * i + 4], y[4 * i: 4 * i + 4], np.float32(s))
+        states.append({p.name: p.asnumpy().copy() for p in update.get_parameters()})
+    assert states[0].keys() == states[1].keys() and len(states[0]) > 3 * len(MLP().trainable_params())
+    for name in states[0]:
+        assert np.array_equal(states[0][name], states[1][name]), name
