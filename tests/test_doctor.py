@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from mindstep.cli import main
-from mindstep.doctor import RULES, analyze_source, explain
+from mindstep.doctor import RULES, analyze_paths, analyze_source, explain
 
 HEAD = "import mindspore as ms\nimport numpy as np\nfrom mindspore import nn, ops\n"
 
@@ -372,7 +372,7 @@ def _bad_lines(src: str) -> list[int]:
 
 
 def test_every_rule_has_cases():
-    assert set(CASES) == set(RULES)
+    assert set(CASES) == set(RULES) - {"MS000"}  # MS000 (a file not read) has its own tests below
     for rule, (bad, good) in CASES.items():
         assert len(bad) >= 2 and len(good) >= 2, rule
 
@@ -438,9 +438,55 @@ def test_folder_is_scanned_and_bad_input_exits_2(tmp_path, capsys):
     assert main(["doctor", str(tmp_path)]) == 1
     capsys.readouterr()
     assert main(["doctor", str(tmp_path / "missing.py")]) == 2
-    (tmp_path / "broken.py").write_text("def (:\n")
-    assert main(["doctor", str(tmp_path / "broken.py")]) == 2
-    assert "cannot parse" in capsys.readouterr().err
+
+
+def test_files_are_read_as_python_reads_them(tmp_path):
+    """A UTF-8 BOM and a PEP 263 coding line (Python runs both files) do not stop the check."""
+    bad = _source(CASES["MS016"][0][0])
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbf" + bad.encode("utf-8"))
+    (tmp_path / "latin.py").write_bytes(("# -*- coding: latin-1 -*-\n# caf\xe9\n" + bad).encode("latin-1"))
+    found = analyze_paths([str(tmp_path)])
+    assert {(f["path"].rsplit("/", 1)[1], f["rule"]) for f in found} == {("bom.py", "MS016"), ("latin.py", "MS016")}
+
+
+def test_an_unreadable_file_is_one_finding_and_the_run_goes_on(tmp_path, capsys):
+    (tmp_path / "a_py2.py").write_text('print "hello"\n')
+    (tmp_path / "b_bytes.py").write_bytes(b"x = 1  # \xff\xfe not utf-8, no coding line\n")
+    (tmp_path / "c_null.py").write_bytes(b"x = 1\x00\n")
+    (tmp_path / "d_codec.py").write_text("# -*- coding: no-such-codec -*-\nx = 1\n")
+    found = analyze_paths([str(tmp_path)])
+    assert [(f["path"].rsplit("/", 1)[1], f["rule"], f["severity"]) for f in found] == [
+        ("a_py2.py", "MS000", "info"), ("b_bytes.py", "MS000", "info"), ("c_null.py", "MS000", "info"),
+        ("d_codec.py", "MS000", "info")]
+    reasons = [f["message"].rsplit(": ", 2)[-2:] for f in found]
+    assert reasons[0][0].endswith("SyntaxError") and found[0]["line"] == 1
+    assert "UnicodeDecodeError" in found[1]["message"] or "SyntaxError" in found[1]["message"]
+    assert any(k in found[2]["message"] for k in ("null bytes", "ValueError", "SyntaxError"))
+    assert "no-such-codec" in found[3]["message"]
+    # exit status: only MS000 -> 0 (no errors found), and the summary says what was not checked
+    assert main(["doctor", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4 finding(s), 0 error(s), 4 file(s) not checked (MS000)" in out
+    # a real error next to them is still reported, with exit status 1
+    (tmp_path / "e_bad.py").write_text(_source(CASES["MS016"][0][0]))
+    assert main(["doctor", str(tmp_path)]) == 1
+    assert "error MS016" in capsys.readouterr().out
+
+
+def test_time_is_linear_in_the_file(tmp_path):
+    """The tree is walked once and enclosing nodes are found through a parent map: this 4,000-line
+    file (3,000 lambdas, 1,000 jitted calls in a loop) took 0.9 s on a 2-core machine, and 88 s
+    with the old whole-tree walk per node; the bound is 10x the linear time, far below the old."""
+    import time
+
+    lines = ["import mindspore as ms", "f = ms.jit(lambda x: x)", "@ms.jit", "def g(x):", "    return x"]
+    lines += [f"h{i} = ms.value_and_grad(lambda x: x * {i})" for i in range(3000)]
+    lines += ["for i in range(10):"] + [f"    g(i + {i})" for i in range(1000)]
+    src = "\n".join(lines) + "\n"
+    t0 = time.perf_counter()
+    found = analyze_source(src)
+    assert time.perf_counter() - t0 < 10.0
+    assert sum(f["rule"] == "MS004" for f in found) == 3001
 
 
 EXPLAIN = {

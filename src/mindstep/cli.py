@@ -132,11 +132,7 @@ def _cmd_doctor(args) -> int:
     if missing:
         print(f"mindstep doctor: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
-    try:
-        findings = doctor.analyze_paths(args.paths)
-    except SyntaxError as err:
-        print(f"mindstep doctor: cannot parse {err.filename}:{err.lineno}: {err.msg}", file=sys.stderr)
-        return 2
+    findings = doctor.analyze_paths(args.paths)
     if args.json:
         print(json.dumps({"findings": findings}, indent=2))
     else:
@@ -144,7 +140,9 @@ def _cmd_doctor(args) -> int:
             print(f"{f['path']}:{f['line']}:{f['col'] + 1}: {f['severity']} {f['rule']} "
                   f"{doctor.RULES[f['rule']].name}: {f['message']}\n    fix: {f['fix']}")
         errors = sum(f["severity"] == "error" for f in findings)
-        print(f"{len(findings)} finding(s), {errors} error(s)")
+        unread = sum(f["rule"] == "MS000" for f in findings)
+        print(f"{len(findings)} finding(s), {errors} error(s)" + (f", {unread} file(s) not checked (MS000)" if unread
+                                                                  else ""))
     return 1 if any(f["severity"] == "error" for f in findings) else 0
 
 

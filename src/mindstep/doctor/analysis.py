@@ -66,8 +66,12 @@ class Module:
 
     def __init__(self, tree: ast.Module):
         self.tree = tree
+        # child -> parent, built once: every "what encloses this node" question is a walk up, not a
+        # walk of the whole tree per node (which made one file with 300 lambdas take 37 s)
+        self.nodes = list(ast.walk(tree))  # walked once; the checks below iterate this list
+        self.parents = {child: node for node in self.nodes for child in ast.iter_child_nodes(node)}
         self.functions: dict[str, list] = {}
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, []).append(node)
         self.module_assign_counts: dict[str, int] = {}
@@ -75,14 +79,14 @@ class Module:
             for target in _assign_targets(node):
                 self.module_assign_counts[target] = self.module_assign_counts.get(target, 0) + 1
         self.global_writes = set()
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, ast.Global):
-                fn = _enclosing_assigns(tree, node)
+                fn = _enclosing_assigns(self, node)
                 self.global_writes |= set(node.names) & fn
         self.graph_mode = any(_dotted(n) in ("ms.GRAPH_MODE", "mindspore.GRAPH_MODE", "context.GRAPH_MODE",
-                                             "GRAPH_MODE") for n in ast.walk(tree) if isinstance(n, (ast.Attribute, ast.Name)))
+                                             "GRAPH_MODE") for n in self.nodes if isinstance(n, (ast.Attribute, ast.Name)))
         self.jit_names = self._jit_names()
-        self.jit_wrapped = {n.args[0].id for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_jit(n)
+        self.jit_wrapped = {n.args[0].id for n in self.nodes if isinstance(n, ast.Call) and _is_jit(n)
                             and n.args and isinstance(n.args[0], ast.Name)}
         self.graph_functions = self._graph_functions()
 
@@ -93,7 +97,7 @@ class Module:
             for fn in defs:
                 if any(_is_jit(d) for d in fn.decorator_list):
                     names.add(fn.name)
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and _is_jit(node.value):
                 names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         return names
@@ -106,7 +110,7 @@ class Module:
                     roots.append(fn)
                 elif fn.name == "construct" and self.graph_mode:
                     roots.append(fn)
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Call) and _is_jit(node) and node.args and isinstance(node.args[0], ast.Name):
                 roots.extend(self.functions.get(node.args[0].id, []))
         grad_targets = self._grad_targets()
@@ -125,7 +129,7 @@ class Module:
     def _grad_targets(self) -> dict:
         """`grad_fn = value_and_grad(forward, ...)` -> {'grad_fn': 'forward'}."""
         out = {}
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
                     and _last(node.value.func) in ("value_and_grad", "grad") and node.value.args \
                     and isinstance(node.value.args[0], ast.Name):
@@ -143,11 +147,18 @@ def _assign_targets(node) -> list:
     return []
 
 
-def _enclosing_assigns(tree, global_node) -> set:
-    for fn in ast.walk(tree):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and global_node in ast.walk(fn):
-            return {t for n in ast.walk(fn) for t in _assign_targets(n)}
-    return set()
+def _ancestors(mod, node):
+    """The nodes enclosing `node`, innermost first."""
+    node = mod.parents.get(node)
+    while node is not None:
+        yield node
+        node = mod.parents.get(node)
+
+
+def _enclosing_assigns(mod, global_node) -> set:
+    """The names assigned anywhere in the outermost function around `global_node`."""
+    fns = [a for a in _ancestors(mod, global_node) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return {t for n in ast.walk(fns[-1]) for t in _assign_targets(n)} if fns else set()
 
 
 def _local_names(fn) -> set:
@@ -272,13 +283,12 @@ def _averaged(fn, call) -> bool:
 
 
 def _check_module(mod: Module, add) -> None:
-    tree = mod.tree
-    jitted_call_lines = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+    jitted_call_lines = [n.lineno for n in mod.nodes if isinstance(n, ast.Call)
                          and isinstance(n.func, ast.Name) and n.func.id in mod.jit_names]
     first_jit_call = min(jitted_call_lines) if jitted_call_lines else None
-    for node in ast.walk(tree):
+    for node in mod.nodes:
         if isinstance(node, ast.Lambda):
-            parent_call = _parent_call_of(tree, node)
+            parent_call = _parent_call_of(mod, node)
             if parent_call is not None and (_is_jit(parent_call) or _last(parent_call.func) in ("value_and_grad", "grad")):
                 add(node, "MS004")
         if not isinstance(node, ast.Call):
@@ -299,7 +309,7 @@ def _check_module(mod: Module, add) -> None:
             add(node, "MS016")
         if isinstance(node.func, ast.Name) and node.func.id in mod.jit_names:
             for arg in node.args:
-                if _varies_per_call(tree, node, arg):
+                if _varies_per_call(mod, node, arg):
                     add(arg, "MS003")
     for defs in mod.functions.values():
         for fn in defs:
@@ -310,10 +320,13 @@ def _check_module(mod: Module, add) -> None:
                         add(dec, "MS006")
 
 
-def _parent_call_of(tree, target):
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and (target in node.args or target in [k.value for k in node.keywords]):
-            return node
+def _parent_call_of(mod, target):
+    """The call that takes `target` as an argument (positional or keyword), if any."""
+    parent = mod.parents.get(target)
+    if isinstance(parent, ast.keyword):
+        parent = mod.parents.get(parent)
+    if isinstance(parent, ast.Call) and (target in parent.args or target in [k.value for k in parent.keywords]):
+        return parent
     return None
 
 
@@ -339,7 +352,7 @@ def _state_name(call: ast.Call) -> bool:
     return False
 
 
-def _varies_per_call(tree, call, arg) -> bool:
+def _varies_per_call(mod, call, arg) -> bool:
     """A Python number that changes from call to call: a loop counter, or a number bumped in the loop."""
     if isinstance(arg, ast.Call) and _last(arg.func) in ("float", "int", "item"):
         return True
@@ -347,8 +360,8 @@ def _varies_per_call(tree, call, arg) -> bool:
         return True
     if not isinstance(arg, ast.Name):
         return False
-    for loop in ast.walk(tree):
-        if isinstance(loop, ast.For) and call in ast.walk(loop):
+    for loop in _ancestors(mod, call):
+        if isinstance(loop, ast.For):
             if isinstance(loop.iter, ast.Call) and _last(loop.iter.func) in ("range", "enumerate"):
                 targets = [n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)]
                 if _last(loop.iter.func) == "enumerate":

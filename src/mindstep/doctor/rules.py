@@ -19,6 +19,11 @@ class Rule:
 
 
 _RULES = [
+    Rule("MS000", "unreadable-file", "info",
+         "could not be read or parsed as Python 3, so it was not checked (the reason follows); the run went on "
+         "with the other files",
+         "if this file is Python 3 that Python itself runs, report it; otherwise (Python 2, a template, a "
+         "deliberately broken fixture) exclude it from the paths you check"),
     Rule("MS001", "global-mutation", "error",
          "mutates Python state outside the compiled function (a global/outer list, dict or variable); "
          "MindSpore compiles the function once and silently drops the mutation (an append to a global list "
