@@ -26,6 +26,7 @@ EXAMPLES = {
   mindstep bench --model resnet50 --all-features --modes jit,jit-all --json out.json""",
     "doctor": """examples:
   mindstep doctor train.py models/      # static check, nothing runs
+  mindstep doctor src/ --ignore MS013   # skip a rule; `# noqa: MS013` silences one line
   python train.py 2> err.log; mindstep doctor --explain err.log""",
     "demo": """examples:
   mindstep demo
@@ -132,7 +133,13 @@ def _cmd_doctor(args) -> int:
     if missing:
         print(f"mindstep doctor: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
-    findings = doctor.analyze_paths(args.paths)
+    try:
+        select = doctor.rule_codes(args.select, "--select") if args.select is not None else None
+        ignore = doctor.rule_codes(args.ignore, "--ignore") if args.ignore is not None else None
+    except ValueError as err:
+        print(f"mindstep doctor: {err}", file=sys.stderr)
+        return 2
+    findings = doctor.select_rules(doctor.analyze_paths(args.paths), select, ignore)
     if args.json:
         print(json.dumps({"findings": findings}, indent=2))
     else:
@@ -224,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "line and a fix; or explain a MindSpore error message read from a file or stdin.")
     p.add_argument("paths", nargs="*", help="Python files or folders to check")
     p.add_argument("--explain", metavar="FILE", help="explain a MindSpore traceback read from FILE (- for stdin)")
+    p.add_argument("--select", metavar="CODES", help="only these rules: codes or prefixes, e.g. MS001,MS01")
+    p.add_argument("--ignore", metavar="CODES", help="skip these rules: codes or prefixes, e.g. MS013")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_doctor)
 

@@ -30,6 +30,28 @@ def analyze_file(file: str) -> list[dict]:
     return [finding]
 
 
+def rule_codes(text: str, flag: str) -> list[str]:
+    """`--select`/`--ignore` values as ruff and flake8 take them: comma-separated codes or code
+    prefixes (`MS01` is MS010-MS016). An unknown one is an error naming the valid codes."""
+    codes = [c.strip().upper() for c in text.split(",") if c.strip()]
+    if not codes:
+        raise ValueError(f"{flag} needs rule codes, e.g. {flag} MS001,MS004; got {text!r}")
+    unknown = [c for c in codes if not any(r.startswith(c) for r in RULES)]
+    if unknown:
+        raise ValueError(f"{flag}: no rule has the code or prefix {', '.join(unknown)}; valid codes: "
+                         f"{', '.join(sorted(RULES))} (or a prefix of them, e.g. MS01)")
+    return codes
+
+
+def select_rules(findings: list[dict], select=None, ignore=None) -> list[dict]:
+    """Keep findings whose rule matches a `select` prefix (all when None) and no `ignore` prefix."""
+    def matches(rule, prefixes):
+        return any(rule.startswith(p) for p in prefixes)
+
+    return [f for f in findings if (select is None or matches(f["rule"], select))
+            and not (ignore and matches(f["rule"], ignore))]
+
+
 def analyze_paths(paths) -> list[dict]:
     """Findings for every .py file under the given files/directories (an unreadable file is one
     `MS000` finding and the run goes on)."""
@@ -44,4 +66,5 @@ def analyze_paths(paths) -> list[dict]:
     return findings
 
 
-__all__ = ["RULES", "analyze_file", "analyze_paths", "analyze_source", "explain", "read_source"]
+__all__ = ["RULES", "analyze_file", "analyze_paths", "analyze_source", "explain", "read_source", "rule_codes",
+           "select_rules"]

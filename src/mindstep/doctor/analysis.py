@@ -10,6 +10,7 @@ behind `value_and_grad`), and `construct` methods when the file switches to `GRA
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 
 from .rules import RULES
@@ -194,7 +195,21 @@ def analyze_source(text: str, path: str = "<string>") -> list[dict]:
         _check_graph_function(mod, fn, add)
     _check_module(mod, add)
     unique = {(f.line, f.col, f.rule): f for f in found}
-    return [f.as_dict() for f in sorted(unique.values(), key=lambda f: (f.line, f.col, f.rule))]
+    lines = text.splitlines()
+    kept = [f for f in unique.values() if not _suppressed(lines[f.line - 1] if f.line <= len(lines) else "", f.rule)]
+    return [f.as_dict() for f in sorted(kept, key=lambda f: (f.line, f.col, f.rule))]
+
+
+# flake8's convention: `# noqa` silences every finding on its line, `# noqa: MS009,MS010` those codes
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:\s*,?\s*[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+
+
+def _suppressed(line: str, rule: str) -> bool:
+    for match in _NOQA.finditer(line):
+        codes = match.group("codes")
+        if codes is None or rule in re.split(r"[\s,]+", codes.upper()):
+            return True
+    return False
 
 
 def _check_graph_function(mod: Module, fn, add) -> None:
