@@ -134,8 +134,11 @@ def _cmd_doctor(args) -> int:
         print(f"mindstep doctor: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
     try:
-        select = doctor.rule_codes(args.select, "--select") if args.select is not None else None
-        ignore = doctor.rule_codes(args.ignore, "--ignore") if args.ignore is not None else None
+        config_path = doctor.find_config(args.paths[0])
+        config = doctor.load_config(config_path) if config_path else {}
+        # the command line wins over [tool.mindstep.doctor], as with ruff
+        select = doctor.rule_codes(args.select, "--select") if args.select is not None else config.get("select")
+        ignore = doctor.rule_codes(args.ignore, "--ignore") if args.ignore is not None else config.get("ignore")
     except ValueError as err:
         print(f"mindstep doctor: {err}", file=sys.stderr)
         return 2

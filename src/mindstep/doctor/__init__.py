@@ -52,6 +52,49 @@ def select_rules(findings: list[dict], select=None, ignore=None) -> list[dict]:
             and not (ignore and matches(f["rule"], ignore))]
 
 
+CONFIG_KEYS = ("select", "ignore")
+
+
+def find_config(start: str):
+    """The nearest `pyproject.toml` at or above `start` (a file or folder), as ruff looks for it."""
+    import os
+
+    here = os.path.abspath(start if os.path.isdir(start) else os.path.dirname(os.path.abspath(start)))
+    while True:
+        candidate = os.path.join(here, "pyproject.toml")
+        if os.path.isfile(candidate):
+            return candidate
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def load_config(path: str) -> dict:
+    """`[tool.mindstep.doctor]` of a pyproject.toml: `select` and `ignore`, lists of rule codes or
+    prefixes. Anything else there is an error naming the valid keys."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib
+
+    with open(path, "rb") as fh:
+        section = tomllib.load(fh).get("tool", {}).get("mindstep", {}).get("doctor", {})
+    unknown = sorted(set(section) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"{path}: [tool.mindstep.doctor] has unknown key(s) {', '.join(unknown)}; valid keys: "
+                         f"{', '.join(CONFIG_KEYS)}")
+    out = {}
+    for key in CONFIG_KEYS:
+        if key in section:
+            value = section[key]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"{path}: [tool.mindstep.doctor] {key} must be a list of rule codes, e.g. "
+                                 f'{key} = ["MS013"]; got {value!r}')
+            out[key] = rule_codes(",".join(value), f"[tool.mindstep.doctor] {key}") if value else []
+    return out
+
+
 def analyze_paths(paths) -> list[dict]:
     """Findings for every .py file under the given files/directories (an unreadable file is one
     `MS000` finding and the run goes on)."""
@@ -66,5 +109,5 @@ def analyze_paths(paths) -> list[dict]:
     return findings
 
 
-__all__ = ["RULES", "analyze_file", "analyze_paths", "analyze_source", "explain", "read_source", "rule_codes",
-           "select_rules"]
+__all__ = ["RULES", "analyze_file", "analyze_paths", "analyze_source", "explain", "find_config", "load_config",
+           "read_source", "rule_codes", "select_rules"]
