@@ -544,6 +544,9 @@ def test_pyproject_section_selects_rules_and_the_command_line_wins(tmp_path, cap
     config.write_text('[tool.mindstep.doctor]\nselect = ["XX1"]\n')
     code, err = rules()
     assert code == 2 and "XX1" in err and "valid codes" in err
+    config.write_text('[tool.mindstep.doctor\nselect = \n')
+    code, err = rules()
+    assert code == 2 and str(config) in err and "not valid TOML" in err
 
 
 def test_time_is_linear_in_the_file(tmp_path):

@@ -79,7 +79,10 @@ def load_config(path: str) -> dict:
         import tomli as tomllib
 
     with open(path, "rb") as fh:
-        section = tomllib.load(fh).get("tool", {}).get("mindstep", {}).get("doctor", {})
+        try:
+            section = tomllib.load(fh).get("tool", {}).get("mindstep", {}).get("doctor", {})
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{path} is not valid TOML ({err}); fix it or run the doctor from another folder") from None
     unknown = sorted(set(section) - set(CONFIG_KEYS))
     if unknown:
         raise ValueError(f"{path}: [tool.mindstep.doctor] has unknown key(s) {', '.join(unknown)}; valid keys: "
