@@ -200,11 +200,30 @@ CASES = {
         acc = ms.Parameter(ops.zeros_like(p), name="accum." + p.name)  # BAD
         """, """
         m = ms.Parameter(ops.zeros_like(p), name=f"moment1.{p.name}", requires_grad=False)  # BAD
+        """, """
+        class Step(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.count = ms.Parameter(ms.Tensor(0, ms.int32), name="global_step")  # BAD
         """], [
         """
         acc = ms.Parameter(ops.zeros_like(p), name="mystep.acc." + p.name)
         """, """
         m = ms.Parameter(ops.zeros_like(p), name=f"ema.{p.name}")
+        """, """
+        class AdamW(nn.Optimizer):  # an optimizer's own state (as mindcv's AdamW, Lion, NAdam)
+            def __init__(self, params):
+                super().__init__(1e-3, params)
+                self.beta1_power = ms.Parameter(ms.Tensor(1.0), name="beta1_power")
+                self.moments = self.parameters.clone(prefix="moments", init="zeros")
+                self.m = ms.Parameter(ops.zeros(3), name="moment1.w")
+        """, """
+        class MyMomentum(nn.Momentum):  # a subclass re-binding its base's counter
+            def __init__(self, params):
+                super().__init__(params, 0.1, 0.9)
+                self.global_step = ms.Parameter(ms.Tensor(0, ms.int32), name="global_step")
+        """, """
+        step_inc = ms.Parameter(ms.Tensor(1, ms.int32), name="global_step_increase")
         """]),
     "MS010": ([
         """

@@ -19,8 +19,15 @@ OPTIMIZER_WORDS = ("opt", "optimizer", "optim")
 MUTATORS = {"append", "extend", "insert", "pop", "update", "clear", "setdefault", "add", "remove", "discard",
             "popitem", "sort", "reverse"}
 LABEL_WORDS = ("label", "labels", "target", "targets", "y", "mask", "masks", "ids", "token", "tokens", "idx")
+# Names MindSpore's optimizers give their own state: per-parameter prefixes, and whole names.
 STATE_PREFIXES = ("accum.", "moment1.", "moment2.", "moments.", "mean_grad.", "mean_square.", "prev.",
-                  "lamb_m.", "lamb_v.", "global_step", "learning_rate", "beta1_power", "beta2_power")
+                  "lamb_m.", "lamb_v.")
+STATE_NAMES = ("global_step", "learning_rate", "beta1_power", "beta2_power")
+# An optimizer's own state is no clash: Parameters created in a subclass of these (mindcv's AdamW,
+# Lion and NAdam create `beta1_power`; subclasses re-bind their base's `global_step`) are its own.
+OPTIMIZER_BASES = {"Optimizer", "Adam", "AdamWeightDecay", "AdamOffload", "AdamW", "LazyAdam", "Momentum", "SGD",
+                   "RMSProp", "Lamb", "LARS", "Adagrad", "Adadelta", "Adamax", "FTRL", "ProximalAdagrad", "Rprop",
+                   "ASGD", "Lion", "NAdam"}
 
 
 @dataclass
@@ -318,7 +325,7 @@ def _check_module(mod: Module, add) -> None:
                 add(node, "MS006")
         if last in ("cast", "astype") and _casts_label_to_half(node):
             add(node, "MS008")
-        if last == "Parameter" and _state_name(node):
+        if last == "Parameter" and _state_name(node) and not _in_optimizer_class(mod, node):
             add(node, "MS009")
         if last == "control_depend":
             add(node, "MS016")
@@ -357,14 +364,22 @@ def _casts_label_to_half(call: ast.Call) -> bool:
 
 
 def _state_name(call: ast.Call) -> bool:
+    """The Parameter's name is one an optimizer uses: a state prefix (`accum.` + name), or exactly one
+    of its whole names (`global_step`; `global_step_increase` is another name)."""
     name = _kw(call, "name") or (call.args[1] if len(call.args) > 1 else None)
     if isinstance(name, ast.Constant) and isinstance(name.value, str):
-        return name.value.startswith(STATE_PREFIXES)
+        return name.value.startswith(STATE_PREFIXES) or name.value in STATE_NAMES
     if isinstance(name, ast.JoinedStr) and name.values and isinstance(name.values[0], ast.Constant):
         return str(name.values[0].value).startswith(STATE_PREFIXES)
     if isinstance(name, ast.BinOp) and isinstance(name.left, ast.Constant) and isinstance(name.left.value, str):
         return name.left.value.startswith(STATE_PREFIXES)
     return False
+
+
+def _in_optimizer_class(mod, node) -> bool:
+    """`node` is inside a class deriving from a MindSpore optimizer (its own state, not a clash)."""
+    return any(isinstance(a, ast.ClassDef) and any(_last(b) in OPTIMIZER_BASES or _last(b).endswith("Optimizer")
+                                                   for b in a.bases) for a in _ancestors(mod, node))
 
 
 def _varies_per_call(mod, call, arg) -> bool:
