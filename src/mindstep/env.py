@@ -68,10 +68,10 @@ def report(run_check: bool = True, peak: bool = False) -> dict:
         "memory_available_gb": round(mem.available / 2**30, 1),
     }
     if peak:
-        from .bench.worker import PEAK_N, PEAK_REPEATS, measure_peak_gflops
+        from .bench.worker import PEAK_METHOD, measure_peak_gflops
 
         info["gemm_peak"] = {"gflops": round(measure_peak_gflops(), 1), "device": info["device_target"],
-                             "method": f"best of {PEAK_REPEATS} fp32 {PEAK_N}x{PEAK_N} matmuls under ms.jit"}
+                             "method": PEAK_METHOD}
     if run_check:
         ok, detail = _run_check()
         info["run_check"] = {"passed": ok, "detail": detail}

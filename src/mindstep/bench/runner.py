@@ -130,12 +130,12 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
     results = [rows[m] for m in cfg.modes]
     if on_progress:
         on_progress("done", total, total)
-    from .worker import PEAK_N, PEAK_REPEATS
+    from .worker import PEAK_METHOD
 
     return {"device": ms.get_context("device_target"), "mindspore": ms.__version__, "cpu": _cpu.describe(),
             "peak_gflops": peak_gflops,
             "peak_runs_gflops": peaks,
-            "peak_method": f"best of {PEAK_REPEATS} fp32 {PEAK_N}x{PEAK_N} matmuls under ms.jit in each of "
+            "peak_method": f"{PEAK_METHOD} in each of "
                            f"{len(peaks)} processes (before the modes and after each round of them); the best "
                            f"over all",
             "config": {k: v for k, v in asdict(cfg).items() if k not in ("extra_env",)},

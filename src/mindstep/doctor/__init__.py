@@ -19,9 +19,8 @@ def analyze_file(file: str) -> list[dict]:
         return analyze_source(read_source(file), file)
     except SyntaxError as err:  # Python 2 code, a template, a broken file (IndentationError too)
         line, col, reason = err.lineno or 1, max((err.offset or 1) - 1, 0), f"SyntaxError: {err.msg}"
-    except (UnicodeDecodeError, LookupError) as err:  # bytes its encoding cannot decode, an unknown codec
-        line, col, reason = 1, 0, f"{type(err).__name__}: {err}"
-    except (ValueError, RecursionError, MemoryError) as err:  # null bytes; nesting too deep for ast
+    # undecodable bytes (UnicodeDecodeError is a ValueError), an unknown codec, null bytes, nesting too deep
+    except (ValueError, LookupError, RecursionError, MemoryError) as err:
         line, col, reason = 1, 0, f"{type(err).__name__}: {err}"
     except OSError as err:
         line, col, reason = 1, 0, f"{type(err).__name__}: {err.strerror or err}"
