@@ -5,6 +5,7 @@ MindSpore's own log lines are hidden unless you pass --verbose or set GLOG_v.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -142,9 +143,17 @@ def _cmd_doctor(args) -> int:
     except ValueError as err:
         print(f"mindstep doctor: {err}", file=sys.stderr)
         return 2
-    findings = doctor.select_rules(doctor.analyze_paths(args.paths), select, ignore)
-    if args.json:
+    stats = {}
+    findings = doctor.select_rules(doctor.analyze_paths(args.paths, stats), select, ignore)
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
         print(json.dumps({"findings": findings}, indent=2))
+    elif fmt == "sarif":
+        from .doctor.sarif import to_sarif
+
+        from . import __version__
+
+        print(json.dumps(to_sarif(findings, __version__), indent=2))
     else:
         for f in findings:
             print(f"{f['path']}:{f['line']}:{f['col'] + 1}: {f['severity']} {f['rule']} "
@@ -153,6 +162,14 @@ def _cmd_doctor(args) -> int:
         unread = sum(f["rule"] == "MS000" for f in findings)
         print(f"{len(findings)} finding(s), {errors} error(s)" + (f", {unread} file(s) not checked (MS000)" if unread
                                                                   else ""))
+    if args.statistics:  # as ruff/flake8 --statistics: a count per rule, then what was read and how fast
+        out = sys.stderr if fmt != "text" else sys.stdout
+        counts = collections.Counter(f["rule"] for f in findings)
+        for rule, n in sorted(counts.items()):
+            print(f"{n:>6}  {rule}  {doctor.RULES[rule].name} [{doctor.RULES[rule].severity}]", file=out)
+        seconds, slowest = stats["slowest"]
+        print(f"{stats['files']} file(s) read in {stats['seconds']:.1f} s"
+              + (f"; slowest {slowest} ({seconds:.2f} s)" if slowest else ""), file=out)
     return 1 if any(f["severity"] == "error" for f in findings) else 0
 
 
@@ -236,7 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", metavar="FILE", help="explain a MindSpore traceback read from FILE (- for stdin)")
     p.add_argument("--select", metavar="CODES", help="only these rules: codes or prefixes, e.g. MS001,MS01")
     p.add_argument("--ignore", metavar="CODES", help="skip these rules: codes or prefixes, e.g. MS013")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--format", choices=("text", "json", "sarif"), default="text",
+                   help="text (default), json, or sarif (SARIF 2.1.0, for code scanning in CI)")
+    p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument("--statistics", action="store_true",
+                   help="also print a count per rule, the files read and the slowest file")
     p.set_defaults(func=_cmd_doctor)
 
     p = command("demo", "a short training run, PyNative vs the compiled step",
