@@ -250,6 +250,10 @@ CASES = {
         """, """
         ids = ms.Tensor(batch, dtype=ms.int32)
         ids = ops.cast(ids, ms.float16)  # BAD
+        """, """
+        def construct(self, logits, label):
+            label = ops.cast(label, ms.float16)  # BAD
+            return self.gather(logits, label, 1)
         """], [
         """
         data = ops.cast(data, ms.float16)
@@ -263,6 +267,13 @@ CASES = {
             mask = mask.astype(ms.float16)
             labels = self.cast(self.onehot(labels, 81, 1.0, 0.0), ms.float16)
             return self.bce(x, label) * mask
+        """, """
+        # the ids were used as indices, then rebound to embeddings (textrcnn.py)
+        def construct(self, x):
+            w = self.gather(self.table, x, 0)
+            x = self.embedding(x)
+            x = self.cast(x, ms.float16)
+            return x * w
         """]),
     "MS009": ([
         """
@@ -333,6 +344,13 @@ CASES = {
             y = x * 2
             return numpy.sum(y)  # BAD
         import numpy
+        """, """
+        def _norm(v, n):
+            return np.linalg.norm(v) / n  # BAD
+        class Net(nn.Cell):
+            def construct(self, x):
+                return _norm(x * 2, 3)
+        ms.set_context(mode=ms.GRAPH_MODE)
         """], [
         """
         @ms.jit
@@ -354,6 +372,25 @@ CASES = {
         @ms.jit
         def step(x):
             return np.flip(x, 0)
+        """, """
+        # shapes read with P.Shape() are constants, and so is a @constexpr helper's numpy
+        @ops.constexpr
+        def tril(n):
+            return ms.Tensor(np.tril(np.ones((n, n))), ms.float32)
+        class Block(nn.Cell):
+            def construct(self, x):
+                B, H, W = self.shape(x)
+                return x * ms.Tensor(np.zeros((B, H, W))) + tril(H)
+        ms.set_context(mode=ms.GRAPH_MODE)
+        """, """
+        # a helper given shapes builds constants (the model zoo's rnns.py)
+        def _init_state(shape, dtype):
+            return ms.Tensor(np.zeros(shape), dtype)
+        class LSTM(nn.Cell):
+            def construct(self, x):
+                h = _init_state((2, x.shape[0], 8), x.dtype)
+                return self.cell(x, h)
+        ms.set_context(mode=ms.GRAPH_MODE)
         """]),
     "MS011": ([
         """

@@ -46,6 +46,9 @@ class Finding:
 
 
 JIT_NAMES = ("jit", "ms_function")  # ms_function: MindSpore 1.x's name for jit
+# decorators whose function MindSpore runs in Python while compiling, on constant inputs: its numpy,
+# prints and lists are host code, not graph code
+HOST_AT_COMPILE = ("constexpr", "primexpr", "_primexpr")
 
 
 def _is_jit(mod, node) -> bool:
@@ -94,6 +97,38 @@ class Module:
         self.graph_functions = self._graph_functions()
         self.graph_calls = {c.func.id for fn in self.graph_functions for c in ast.walk(fn)
                             if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+
+    def tensor_params(self) -> dict:
+        """id(graph function) -> its parameters that receive tensors. A jitted function's or a
+        `construct`'s inputs are tensors; a helper's are only those that graph code passes
+        tensors to (`_init_state(shape, dtype)` takes a shape, and its numpy is a constant)."""
+        if getattr(self, "_tensor_params", None) is not None:
+            return self._tensor_params
+        roots = {id(fn) for fn in self.graph_functions if fn.name == "construct" or fn.name in self.jit_names
+                 or fn.name in self.jit_wrapped or any(_is_jit(self, d) for d in fn.decorator_list)}
+        found = {id(fn): (set(_params(fn)) - {"self", "cls"}) if id(fn) in roots else set()
+                 for fn in self.graph_functions}
+        for _ in range(4):  # a few rounds follow helpers of helpers
+            changed = False
+            for fn in self.graph_functions:
+                tensors = _tensor_names(fn, found[id(fn)])
+                for call in ast.walk(fn):
+                    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+                        continue
+                    for callee in self.functions.get(call.func.id, []):
+                        if id(callee) not in found or id(callee) in roots:
+                            continue
+                        names = _params(callee)
+                        passed = {names[i] for i, a in enumerate(call.args) if i < len(names)
+                                  and _mentions_tensor(a, tensors)}
+                        passed |= {k.arg for k in call.keywords if k.arg in names and _mentions_tensor(k.value, tensors)}
+                        if not passed <= found[id(callee)]:
+                            found[id(callee)] |= passed
+                            changed = True
+            if not changed:
+                break
+        self._tensor_params = found
+        return found
 
     def _imports(self) -> None:
         """Which names are MindSpore modules, real numpy, or imported from other libraries."""
@@ -144,7 +179,7 @@ class Module:
         seen, queue = set(), list(roots)
         while queue:
             fn = queue.pop()
-            if id(fn) in seen:
+            if id(fn) in seen or any(_last(d) in HOST_AT_COMPILE for d in fn.decorator_list):
                 continue
             seen.add(id(fn))
             for call in ast.walk(fn):
@@ -265,7 +300,7 @@ def _check_graph_function(mod: Module, fn, add) -> None:
             if last in ("asnumpy", "item", "tolist") and isinstance(node.func, ast.Attribute):
                 add(node, "MS010")
             if name.split(".")[0] in mod.numpy_names and "." in name:
-                tensors = _tensor_names(fn) if tensors is None else tensors
+                tensors = _tensor_names(fn, mod.tensor_params()[id(fn)]) if tensors is None else tensors
                 # numpy on shapes and settings (np.sqrt(self.head_dim), np.ones(C)) is a constant
                 # folded at compile time; only numpy on a tensor leaves the graph
                 if any(_mentions_tensor(a, tensors) for a in node.args + [k.value for k in node.keywords]):
@@ -314,23 +349,30 @@ def _accumulates_into(value, name: str) -> bool:
 # attributes that are Python values at compile time, not tensors
 STATIC_ATTRS = {"shape", "ndim", "dtype", "size"}
 STATIC_CALLS = {"len", "isinstance", "type", "range", "int", "float", "bool", "str"}
+# `self.shape(x)` (P.Shape()), `ops.shape(x)`, `F.rank(x)`: compile-time values too
+SHAPE_CALLS = {"shape", "Shape", "rank", "Rank", "dtype", "DType", "get_shape"}
 
 
 def _mentions_tensor(expr, tensors: set) -> bool:
     """Does `expr` use a tensor's value (not only its shape, rank or dtype)?"""
     if isinstance(expr, ast.Attribute) and expr.attr in STATIC_ATTRS:
         return False
-    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id in STATIC_CALLS:
+    if isinstance(expr, ast.Call) and ((isinstance(expr.func, ast.Name) and expr.func.id in STATIC_CALLS)
+                                       or _last(expr.func) in SHAPE_CALLS):
         return False
     if isinstance(expr, ast.Name):
         return expr.id in tensors
     return any(_mentions_tensor(child, tensors) for child in ast.iter_child_nodes(expr))
 
 
-def _tensor_names(fn) -> set:
-    """Names that hold tensors in a graph function: its inputs, and what is computed from them
-    (`_, _, C = x.shape` makes C a Python int, not a tensor)."""
-    tensors = {a.arg for a in fn.args.args + fn.args.kwonlyargs + fn.args.posonlyargs} - {"self", "cls"}
+def _params(fn) -> list:
+    return [a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs]
+
+
+def _tensor_names(fn, inputs: set) -> set:
+    """Names that hold tensors in a graph function: its tensor inputs, and what is computed from
+    them (`_, _, C = x.shape` makes C a Python int, not a tensor)."""
+    tensors = set(inputs)
     assigns = [n for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and n.value]
     for _ in range(3):  # a few rounds settle chains like a = x + 1; b = a * 2
         for node in assigns:
@@ -533,10 +575,10 @@ def _parent_call_of(mod, target):
 HALF = ("float16", "bfloat16", "half")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "int_", "long")
 INT_PRODUCERS = ("argmax", "argmin", "Argmax", "Argmin", "arange", "randint", "topk_indices")
-# ops whose argument at this position is an integer index or class label
+# ops whose argument at this position is an integer index or class label (not `embedding`: model
+# code names Dense layers and embedding outputs that too)
 INDEX_ARGS = {"onehot": 0, "one_hot": 0, "gather": 1, "gatherv2": 1, "gatherd": 2, "gather_elements": 2,
-              "sparsesoftmaxcrossentropywithlogits": 1, "nll_loss": 1, "nllloss": 1, "embedding": 0,
-              "embeddinglookup": 1}
+              "sparsesoftmaxcrossentropywithlogits": 1, "nll_loss": 1, "nllloss": 1}
 
 
 def _half_cast(call: ast.Call):
@@ -572,29 +614,34 @@ def _produces_integers(value) -> bool:
 
 
 def _casts_integers_to_half(mod, call: ast.Call) -> bool:
-    """MS008 on evidence, not on names: the value cast to fp16/bf16 is known to hold integers in the
-    same function (bound to an int cast, argmax, arange...), or it, or the cast's result, is used as
-    an index or class label (one_hot, gather, sparse cross-entropy, an embedding lookup). A float
-    mask, a one-hot label or a regression target named `label`/`y`/`mask` is not one."""
+    """MS008 on evidence, not on names: the value cast to fp16/bf16 holds integers (its latest
+    binding before the cast is an int cast, argmax, arange...; or since that binding it was used as
+    an index or class label: one_hot, gather, sparse cross-entropy), or the cast's result is used as
+    one afterwards. A float mask, a one-hot label or a regression target named `label`, `y` or
+    `mask` is not one, and neither is `x = self.embedding(x)` before `cast(x, float16)`."""
     subject = _half_cast(call)
     if subject is None:
         return False
     scope = next((a for a in _ancestors(mod, call) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))),
                  mod.tree)
     parent = mod.parents.get(call)
-    names = {subject.id} | ({t.id for t in parent.targets if isinstance(t, ast.Name)}
-                            if isinstance(parent, ast.Assign) else set())
+    results = {t.id for t in parent.targets if isinstance(t, ast.Name)} if isinstance(parent, ast.Assign) else set()
+    binds = [n for n in ast.walk(scope) if isinstance(n, ast.Assign) and n.value is not call
+             and n.lineno < call.lineno and any(isinstance(t, ast.Name) and t.id == subject.id for t in n.targets)]
+    latest = max(binds, key=lambda n: n.lineno, default=None)
+    if latest is not None and _produces_integers(latest.value):
+        return True
+    since = latest.lineno if latest is not None else 0
     for node in ast.walk(scope):
-        if isinstance(node, ast.Assign) and node.value is not call and _produces_integers(node.value) \
-                and any(isinstance(t, ast.Name) and t.id == subject.id for t in node.targets) \
-                and node.lineno <= call.lineno:
+        if not isinstance(node, ast.Call):
+            continue
+        callee = node.func.func if isinstance(node.func, ast.Call) else node.func
+        index = INDEX_ARGS.get(_last(callee).lower())
+        if index is None or len(node.args) <= index or not isinstance(node.args[index], ast.Name):
+            continue
+        used = node.args[index].id
+        if (used == subject.id and since < node.lineno <= call.lineno) or (used in results and node.lineno >= call.lineno):
             return True
-        if isinstance(node, ast.Call):
-            callee = node.func.func if isinstance(node.func, ast.Call) else node.func
-            index = INDEX_ARGS.get(_last(callee).lower())
-            if index is not None and len(node.args) > index and isinstance(node.args[index], ast.Name) \
-                    and node.args[index].id in names:
-                return True
     return False
 
 
