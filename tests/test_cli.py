@@ -73,6 +73,10 @@ def test_cpu_summary_names_the_simd_families():
     assert line == "Some CPU (x86_64, 2 cores; AVX2, FMA, AVX-512 F/BW, AMX TILE/BF16)"
     assert _cpu.summary({"model": None, "arch": "aarch64", "cores": 4, "simd": ["asimd", "sve"]}) == \
         "unknown CPU (aarch64, 4 cores; ASIMD, SVE)"
+    # one feature, two spellings (py-cpuinfo on an AMD EPYC): named once
+    assert _cpu.summary({"model": "EPYC", "arch": "x86_64", "cores": 2,
+                         "simd": ["avx2", "avx512f", "avx512vnni", "avx512_vnni", "avx512_bf16"]}) == \
+        "EPYC (x86_64, 2 cores; AVX2, AVX-512 F/VNNI/BF16)"
 
 
 def test_env_text_names_each_device_and_the_cpu(capsys):

@@ -44,7 +44,8 @@ def summary(cpu: dict) -> str:
         parts.append("AVX")
     if "fma" in simd:
         parts.append("FMA")
-    avx512 = [f[6:].lstrip("_").upper() for f in simd if f.startswith("avx512")]
+    # py-cpuinfo may report one feature under two spellings (avx512vnni and avx512_vnni)
+    avx512 = list(dict.fromkeys(f[6:].lstrip("_").upper() for f in simd if f.startswith("avx512")))
     if avx512:
         parts.append("AVX-512 " + "/".join(avx512))
     amx = [f[4:].upper() for f in simd if f.startswith("amx_")]
