@@ -11,7 +11,8 @@ Canonical stage order (STYLE.md principle 1). Every call runs, in this order:
 5. **grads**: `value_and_grad` of the scaled loss over `optimizer.parameters`.
 6. **accumulate**: on a micro-step the gradients are only added to accumulators.
    At the accumulation boundary (every k-th call) the remaining stages run once:
-7. **all-reduce**: gradients are averaged across data-parallel ranks.
+7. **all-reduce**: with data parallel (`mindstep.dist.reduce`), gradients (and, for the mean, the
+   window's weight) are summed across ranks, once per update: micro-steps never communicate.
 8. **unscale**: gradients are divided by the loss scale (and by k, or by the token count).
 9. **finite check**: if any gradient is inf/NaN the whole update is skipped: optimizer, EMA,
    update counter and LR schedule position stay as they were; the loss scale shrinks; the skip
@@ -105,7 +106,7 @@ class StepGraph(nn.Cell):
     PARTS = ("full", "micro", "update")
 
     def __init__(self, forward, optimizer, *, counter, normalize: str, scale, accumulate, clip, ema, lr,
-                 finite, combine=None, part: str = "full"):
+                 finite, reduce, combine=None, part: str = "full"):
         """`part`: "full" (k = 1: every stage in one graph), "micro" (stages 1-6 only) or "update"
         (stages 7-13 on the accumulators; the graph takes no inputs)."""
         super().__init__(auto_prefix=False)
@@ -118,6 +119,7 @@ class StepGraph(nn.Cell):
         self.ema = ema
         self.lr = lr
         self.guard = finite
+        self.reduce = reduce
         self.combine = combine
         if part != "update":
             self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize, combine), None,
@@ -127,12 +129,14 @@ class StepGraph(nn.Cell):
         self.part = part
         self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names + lr.metric_names \
             + finite.metric_names
-        self.identity_unscale = accumulate.k == 1 and not scale.metric_names and normalize == "mean"
+        self.identity_unscale = accumulate.k == 1 and not scale.metric_names and normalize == "mean" \
+            and not reduce.active
         # The update graph's gradients are the accumulators, reset at the end of every update: unscale
         # and clip them where they are instead of holding a second copy of every gradient until the
         # optimizer is done (float32 only, where `g * factor` keeps the dtype, so the values are the
         # same bits as the copying path's).
-        self.in_place = part == "update" and all(a.dtype == ms.float32 for a in accumulate.acc)
+        # (Not after a reduction: the reduced gradients are new tensors.)
+        self.in_place = part == "update" and not reduce.active and all(a.dtype == ms.float32 for a in accumulate.acc)
 
     def construct(self, *batch):
         if self.part == "update":
@@ -171,6 +175,7 @@ class StepGraph(nn.Cell):
 
     def _update(self, grads, total_weight, lrs):
         """Stages 7-13, once per accumulation window."""
+        grads, total_weight = self.reduce(grads, total_weight)
         if not self.identity_unscale:  # k = 1 without loss scaling: nothing to divide
             factor = self.scale.unscale_factor() / total_weight
             if self.in_place:

@@ -34,6 +34,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from ._errors import bad_type, check_choice, check_int
+from .dist import context as _dist
 
 FORMAT_VERSION = 1
 FORMATS = {"ckpt": ".ckpt", "safetensors": ".safetensors"}
@@ -135,8 +136,9 @@ def _resolve(path, fmt: str) -> Path:
     return path if path.name.endswith(suffix) else path.with_name(path.name + suffix)
 
 
-def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path:
-    """Save the complete training state of `step`; returns the payload's path.
+def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path | None:
+    """Save the complete training state of `step`; returns the payload's path. In a data-parallel
+    job (a step with `reduce`) only rank 0 writes, and the other ranks return None.
 
     Args:
         step: a `TrainStep`.
@@ -152,6 +154,8 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path:
     check_choice("format", format, tuple(FORMATS), "Use 'ckpt' (MindSpore's format) or 'safetensors'.")
     if keep is not None:
         keep = check_int("keep", keep, minimum=1, fix="Pass how many checkpoints to keep, e.g. keep=3, or None.")
+    if getattr(step, "reduce", None) and not _dist.is_main():
+        return None  # data parallel: every rank holds the same state, rank 0 writes it
     path = _resolve(path, format)
     path.parent.mkdir(parents=True, exist_ok=True)
     params = state(step)

@@ -23,6 +23,7 @@ from . import precision as _precision
 from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
 from ._graph import Counter, StepGraph
+from .dist import reduce as _reduce
 from .optimize.pass_ import check_force, run_pass
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -125,6 +126,14 @@ class TrainStep:
             loss or the parameters, or applied as it is (no check; not with a loss scale).
         max_consecutive_skips: with ``"skip"``, raise `NonFiniteError` after this many skipped
             updates in a row (default 100; None: never).
+        reduce: data parallel (`mindstep launch` + `mindstep.init_distributed()`): ``"auto"``
+            (default: ``"mean"`` when the process is one of several workers, else nothing),
+            ``"mean"`` (the update is the mean over every rank's data, equal to one process on the
+            concatenated batch; with `normalize="count"` the global token mean), ``"sum"`` (the sum
+            of the ranks' means) or None (no communication). One all-reduce per applied update, at
+            the accumulation boundary, before unscale, the finite check and clipping, so every rank
+            skips or applies together (`mindstep.dist.reduce`). `step.metric_scopes` says which
+            metrics are this rank's (`loss`, aux) and which are the reduced gradient's (`grad_norm`).
         nets: the networks `forward` trains, for what reading its code cannot see (a network
             built inside forward, reached through a computed key or `getattr`); used as given.
             When some optimizer parameters belong to no found network, the step warns
@@ -154,7 +163,8 @@ class TrainStep:
                  clip_grad_norm: float | None = None, clip_grad_value: float | None = None,
                  ema: float | None = None, precision: Any = "O0", keep_fp32=(), lr_schedule=None,
                  losses=None, guards: bool = True, debug: bool = False, optimize: bool = False, nets=None,
-                 on_nonfinite: str = "skip", max_consecutive_skips: int | None = _nonfinite.DEFAULT_MAX_CONSECUTIVE_SKIPS):
+                 on_nonfinite: str = "skip", max_consecutive_skips: int | None = _nonfinite.DEFAULT_MAX_CONSECUTIVE_SKIPS,
+                 reduce: str | None = "auto"):
         if not callable(forward):
             raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
                            "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
@@ -193,6 +203,7 @@ class TrainStep:
         scaler = _loss_scale.resolve(loss_scale)
         self.on_nonfinite, self.max_consecutive_skips = _nonfinite.check(on_nonfinite, max_consecutive_skips,
                                                                         scaled=scaler is not None)
+        self.reduce, self.world_size = _reduce.resolve(reduce)
         if lr_schedule is not None and not isinstance(lr_schedule, _schedules.Schedule):
             raise bad_type("lr_schedule", lr_schedule, "a mindstep.schedules schedule or None",
                            "Example: lr_schedule=mindstep.schedules.warmup(100, mindstep.schedules.cosine_decay(1e-3, 10_000)).")
@@ -227,10 +238,14 @@ class TrainStep:
         stages = dict(counter=Counter(f"{name}.step"), normalize=normalize, scale=_loss_scale.stage(scaler, name),
                       accumulate=_accumulate.stage(params, k, name), clip=_clip.Clip(clip_grad_norm, clip_grad_value),
                       ema=_ema.stage(params, ema, name), lr=lr_stage, combine=losses,
-                      finite=_nonfinite.stage(self.on_nonfinite, name))
+                      finite=_nonfinite.stage(self.on_nonfinite, name), reduce=_reduce.stage(params, reduce))
         # k = 1: every stage in one graph; k > 1: the micro-step graph (see mindstep._graph)
         self.graph = StepGraph(forward, optimizer, part="full" if k == 1 else "micro", **stages)
         self._param_names = [p.name for p in params]
+        # what each metric describes once ranks reduce: the batch this rank saw, or the reduced update
+        reduced = "all ranks" if self.reduce else "this process"
+        self.metric_scopes = {n: ("this rank" if self.reduce else "this process") if n == "loss" else reduced
+                              for n in self.graph.metric_names}
         self._group_of = {n: label for label, names in _groups.labelled_groups(optimizer) for n in names}
         watch = {id(p): p for p in self.graph.get_parameters()}
         for cell in self.cells:
@@ -309,6 +324,8 @@ class TrainStep:
 
     def save(self, path, *, format: str = "ckpt", keep: int | None = None):
         """Save the complete training state atomically (`mindstep.checkpoint.save`); returns the path.
+        In a data-parallel job only rank 0 writes (every rank holds the same state) and the other
+        ranks return None.
 
         Example:
             >>> step.save("runs/ckpt/step-000100.ckpt", keep=3)  # doctest: +SKIP
