@@ -17,14 +17,21 @@ EXAMPLES = {
   mindstep bench --model resnet18 --modes jit,jit-opt,model
   mindstep doctor train.py src/
   mindstep doctor --explain error.log
-  mindstep demo --steps 20""",
+  mindstep demo --steps 20
+  mindstep launch --nproc 2 -- python train.py""",
+    "launch": """examples:
+  mindstep launch --nproc 2 -- python train.py --lr 0.1
+  mindstep launch --nproc 8 --log-dir runs/logs -- python -m mypkg.train
+  # two nodes: the same line on each, with its own --node-rank
+  mindstep launch --nproc 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 8118 -- python train.py""",
     "env": """examples:
   mindstep env                 # versions, devices, CPU, memory, mindspore.run_check()
   mindstep env --peak --json   # also a measured fp32 GEMM GFLOP/s, as JSON""",
     "bench": """examples:
   mindstep bench                                          # ResNet-18, the default modes
   mindstep bench --model bert --modes jit,model,onestep --steps 8 --repeat 3
-  mindstep bench --model resnet50 --all-features --modes jit,jit-all --json out.json""",
+  mindstep bench --model resnet50 --all-features --modes jit,jit-all --json out.json
+  mindstep bench --model mlp --nproc 2 --steps 20       # data parallel: per-rank and total throughput""",
     "doctor": """examples:
   mindstep doctor train.py models/      # static check, nothing runs
   mindstep doctor src/ --ignore MS013   # skip a rule; `# noqa: MS013` silences one line
@@ -43,6 +50,20 @@ def _cmd_env(args) -> int:
     return 0 if info.get("run_check", {}).get("passed", True) else 1
 
 
+def _cmd_launch(args) -> int:
+    from .dist.launch import Job, Launch
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        job = Job(cmd=cmd, nproc=args.nproc, nnodes=args.nnodes, node_rank=args.node_rank,
+                  master_addr=args.master_addr, master_port=args.master_port, log_dir=args.log_dir,
+                  cluster_timeout_s=args.cluster_timeout)
+    except ValueError as err:
+        print(f"mindstep launch: {err}", file=sys.stderr)
+        return 2
+    return Launch(job).run()
+
+
 def _cmd_demo(args) -> int:
     from . import demo
 
@@ -51,7 +72,45 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _cmd_bench_dp(args) -> int:
+    """`bench --nproc N`: a single-process baseline, then N workers under `mindstep launch`."""
+    import subprocess
+    import tempfile
+
+    from . import _cpu
+    from .bench import dp
+    from .dist.launch import Job, Launch
+
+    work = tempfile.mkdtemp(prefix="mindstep-bench-dp-")
+    flags = ["--model", args.model, "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
+             "--steps", str(args.steps), "--warmup", str(args.warmup)] + (
+        ["--batch-size", str(args.batch_size)] if args.batch_size else [])
+    base_json, dp_json = os.path.join(work, "baseline.json"), os.path.join(work, "ranks.json")
+    done = subprocess.run([sys.executable, "-m", "mindstep.bench.dp", *flags, "--json", base_json])
+    if done.returncode != 0:
+        print("mindstep bench: the single-process baseline failed (see above)", file=sys.stderr)
+        return 1
+    code = Launch(Job(cmd=["python", "-m", "mindstep.bench.dp", *flags, "--json", dp_json], nproc=args.nproc,
+                      log_dir=os.path.join(work, "logs"))).run()
+    if code != 0:
+        return code
+    with open(base_json) as fh:
+        baseline = json.load(fh)[0]
+    with open(dp_json) as fh:
+        rows = json.load(fh)
+    cpu = _cpu.describe()
+    print(dp.report(args.model, rows, baseline, _cpu.summary(cpu)))
+    if args.json:
+        total = sum(r["samples_per_s"] for r in rows)
+        with open(args.json, "w") as fh:
+            json.dump({"model": args.model, "nproc": args.nproc, "cpu": cpu, "ranks": rows, "baseline": baseline,
+                       "total_samples_per_s": total, "scaling": total / baseline["samples_per_s"]}, fh, indent=1)
+    return 0
+
+
 def _cmd_bench(args) -> int:
+    if args.nproc > 1:
+        return _cmd_bench_dp(args)
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -243,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR", help="write report.md and bench.png here")
     p.add_argument("--profile", action="store_true", help="profile the timed steps, print the top-10 ops")
+    p.add_argument("--nproc", type=_positive, default=1,
+                   help="data parallel: time the jit step on N workers (mindstep launch), per rank and in total, "
+                        "against one process (--modes is not used then)")
     p.add_argument("--explain", action="store_true", help="print the composed-operator pass's per-layer decisions")
     p.set_defaults(func=_cmd_bench)
 
@@ -259,6 +321,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--statistics", action="store_true",
                    help="also print a count per rule, the files read and the slowest file")
     p.set_defaults(func=_cmd_doctor)
+
+    p = command("launch", "run a data-parallel job on MindSpore's msrun; fail fast when a worker dies",
+                "Start --nproc workers of this node through MindSpore's msrun, each running the Python command "
+                "after --; print every worker's output with its rank; and when a worker fails (an exception, a "
+                "non-zero exit, a signal), stop the whole job at once and exit non-zero, naming the rank and its "
+                "last log lines. In the script, call mindstep.init_distributed() before building the step.")
+    p.add_argument("--nproc", type=_positive, required=True, help="workers on this node (one per device)")
+    p.add_argument("--nnodes", type=_positive, default=1, help="nodes in the job (default 1)")
+    p.add_argument("--node-rank", type=int, default=0, help="this node's index, 0 .. nnodes-1 (default 0)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="address of node 0 (default 127.0.0.1)")
+    p.add_argument("--master-port", type=int, help="port on node 0 (default: a free one; needed with --nnodes > 1)")
+    p.add_argument("--log-dir", default="launch_logs", help="worker logs go here (default launch_logs)")
+    p.add_argument("--cluster-timeout", type=_positive, default=60,
+                   help="seconds to wait for every worker to join (default 60)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the Python command each worker runs")
+    p.set_defaults(func=_cmd_launch)
 
     p = command("demo", "a short training run, PyNative vs the compiled step",
                 "Train a small conv net for a few steps eagerly (PyNative) and as one compiled mindstep step, "
