@@ -1,0 +1,10 @@
+"""`mindstep train`: recipes and YAML configs trained end to end with `TrainStep`.
+
+What lives here: `config` (the validated configuration: sections, `key=value` overrides),
+`recipes/` (each recipe's YAML defaults, data, network, forward and evaluation) and `loop` (the
+run: data pipeline, progress, metrics, evaluation, checkpoints, resume, summary). It imports the
+step, the checkpoints and `mindstep.dist`; nothing below it imports it.
+"""
+from .config import Config, ConfigError, resolve
+
+__all__ = ["Config", "ConfigError", "resolve"]

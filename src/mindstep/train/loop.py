@@ -1,0 +1,263 @@
+"""`mindstep train`: a recipe's step trained end to end, with progress, metrics, evaluation,
+checkpoints, resume and a summary.
+
+The run's folder (`--out`) holds `config.yaml` (the resolved config), `metrics.jsonl` (one line
+per logged step and per evaluation), `ckpt/batch-<N>.ckpt` (N = batches consumed, so a resume
+continues from the next batch of the same data order), `curves.png` and, with `--json`, the
+summary. The data order is a fixed permutation per epoch (`data.seed + epoch`), so a resumed run
+sees exactly the batches an uninterrupted one would.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import time
+
+import numpy as np
+
+from .. import checkpoint as _checkpoint
+from ..dist import context as _dist
+
+_CKPT = re.compile(r"batch-(\d+)\.ckpt$")
+
+
+def _optimizer(cfg, net):
+    from mindspore import nn
+
+    from ..groups import param_groups
+
+    o = cfg.optim
+    groups = param_groups(net, weight_decay=o.weight_decay, no_decay=tuple(o.no_decay),
+                          lr=o.lr if o.lr_scale else None, lr_scale=o.lr_scale or None)
+    if o.name == "momentum":
+        return nn.Momentum(groups, o.lr, o.momentum)
+    if o.name == "sgd":
+        return nn.SGD(groups, o.lr)
+    if o.name == "adam":
+        return nn.Adam(groups, o.lr)
+    return nn.AdamWeightDecay(groups, o.lr)
+
+
+def _schedule(cfg):
+    from .. import schedules
+
+    s, lr = cfg.schedule, cfg.optim.lr
+    updates = max((s.total_steps or cfg.train.steps) // cfg.step.accumulate - s.warmup_steps, 1)
+    base = {"constant": lambda: schedules.constant(lr),
+            "cosine": lambda: schedules.cosine_decay(lr, updates, s.eta_min),
+            "step": lambda: schedules.step_decay(lr, s.step_size, s.gamma),
+            "sgdr": lambda: schedules.sgdr(lr, s.T_0, s.T_mult, s.eta_min)}[s.name]()
+    return schedules.warmup(s.warmup_steps, base) if s.warmup_steps else base
+
+
+def apply_recompute(net, patterns) -> list:
+    """`Cell.recompute()` on every sub-Cell whose name matches a pattern; returns the names."""
+    from .config import ConfigError
+
+    names = []
+    for pattern in patterns:
+        hits = [(n, c) for n, c in net.cells_and_names() if n and fnmatch.fnmatch(n, pattern)]
+        if not hits:
+            cells = ", ".join(n for n, _ in net.cells_and_names() if n and "." not in n)
+            raise ConfigError(f"step.recompute: the pattern {pattern!r} matches no Cell; top-level Cells: {cells}")
+        for name, cell in hits:
+            cell.recompute()
+            names.append(name)
+    return names
+
+
+def build_step(cfg, recipe):
+    """The network, its `TrainStep` with every step: setting from the config, and the recompute list."""
+    import mindspore as ms
+
+    from .. import losses as _losses
+    from ..step import TrainStep
+
+    ms.set_seed(cfg.seed)
+    net = recipe.build()
+    recomputed = apply_recompute(net, cfg.step.recompute)
+    s = cfg.step
+    step = TrainStep(recipe.forward(), _optimizer(cfg, net), jit=s.jit, precision=s.precision,
+                     keep_fp32=list(s.keep_fp32), loss_scale=s.loss_scale, accumulate=s.accumulate,
+                     normalize=s.normalize, clip_grad_norm=s.clip_grad_norm, clip_grad_value=s.clip_grad_value,
+                     ema=s.ema, on_nonfinite=s.on_nonfinite, optimize=s.optimize, lr_schedule=_schedule(cfg),
+                     losses=_losses.weighted(s.losses) if s.losses else None, nets=[net])
+    return net, step, recomputed
+
+
+class Batches:
+    """The training batches in a fixed order per epoch, as a `mindspore.dataset` pipeline (parallel
+    workers, prefetch), sharded across data-parallel ranks, from any batch index on."""
+
+    def __init__(self, arrays: dict, batch_size: int, workers: int, seed: int):
+        self.arrays, self.batch_size, self.workers, self.seed = arrays, batch_size, workers, seed
+        n = len(next(iter(arrays.values())))
+        self.per_epoch = n // (batch_size * _dist.world_size())
+        if self.per_epoch == 0:
+            raise ValueError(f"data.batch_size={batch_size} x {_dist.world_size()} rank(s) is more than the "
+                             f"{n} training samples; lower data.batch_size")
+
+    def _epoch(self, epoch: int, skip: int):
+        import mindspore.dataset as ds
+
+        order = np.random.default_rng(self.seed + epoch).permutation(len(next(iter(self.arrays.values()))))
+        data = ds.NumpySlicesDataset({k: v[order] for k, v in self.arrays.items()}, shuffle=False,
+                                     num_parallel_workers=self.workers, **_dist.shard_args())
+        data = data.batch(self.batch_size, drop_remainder=True, num_parallel_workers=self.workers)
+        if skip:
+            data = data.skip(skip)
+        return data.create_tuple_iterator(num_epochs=1)
+
+    def from_batch(self, start: int):
+        """Yield batches start, start + 1, ... forever (epoch after epoch)."""
+        epoch, skip = divmod(start, self.per_epoch)
+        while True:
+            yield from self._epoch(epoch, skip)
+            epoch, skip = epoch + 1, 0
+
+
+def _latest(ckpt_dir: str):
+    path = _checkpoint.latest(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+    if path is None:
+        return None, 0
+    match = _CKPT.search(str(path))
+    if not match:
+        raise ValueError(f"{path}: not a checkpoint of `mindstep train` (expected batch-<N>.ckpt)")
+    return path, int(match.group(1))
+
+
+def _evaluate(step, recipe, ema: bool) -> dict:
+    if ema:
+        with step.ema_weights():
+            return recipe.evaluate()
+    return recipe.evaluate()
+
+
+def _plot(records, path, metric):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    logs = [r for r in records if "loss" in r]
+    evals = [r for r in records if "eval" in r]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax[0].plot([r["batch"] for r in logs], [r["loss"] for r in logs])
+    ax[0].set(xlabel="batch", ylabel="training loss", yscale="log", title="loss")
+    ax[1].plot([r["batch"] for r in evals], [r["eval"][metric] for r in evals], marker="o")
+    ax[1].set(xlabel="batch", ylabel=metric, title=f"held-out {metric}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, progress: bool = True) -> dict:
+    """Train `cfg` into the folder `out`; returns the summary."""
+    from . import recipes
+    from .config import dump
+
+    main = _dist.is_main()
+    recipe = recipes.build(cfg)
+    net, step, recomputed = build_step(cfg, recipe)
+    ckpt_dir = os.path.join(out, "ckpt")
+    metrics_path = os.path.join(out, "metrics.jsonl")
+    start = 0
+    records = []
+    if resume:
+        path, start = _latest(ckpt_dir)
+        if path is None:
+            raise ValueError(f"--resume: no complete checkpoint in {ckpt_dir}; run without --resume to start")
+        step.load(path)
+        if os.path.exists(metrics_path):
+            with open(metrics_path) as fh:
+                records = [r for r in map(json.loads, fh) if r.get("batch", 0) <= start]
+    if main:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "config.yaml"), "w") as fh:
+            fh.write(dump(cfg))
+        with open(metrics_path, "w") as fh:  # rewritten: a resumed run drops what came after its checkpoint
+            fh.writelines(json.dumps(r) + "\n" for r in records)
+    log = open(metrics_path, "a") if main else None
+
+    def record(entry):
+        records.append(entry)
+        if log is not None:
+            log.write(json.dumps(entry) + "\n")
+            log.flush()
+
+    ema = cfg.step.ema is not None
+    if start == 0:
+        record({"batch": 0, "eval": _evaluate(step, recipe, ema)})
+    columns = recipe.columns()
+    data = Batches(dict(zip(columns, (recipe.train_set[0], recipe.train_set[1]))), cfg.data.batch_size,
+                   cfg.data.workers, cfg.data.seed)
+    batches = data.from_batch(start)
+    wait = busy = 0.0
+    window_t, window_n, loss = time.perf_counter(), 0, float("nan")
+    bar = _Progress(cfg.train.steps, start, enabled=progress and main)
+    ckpt = None
+    try:
+        for i in range(start, cfg.train.steps):
+            t0 = time.perf_counter()
+            batch = next(batches)
+            t1 = time.perf_counter()
+            m = step(*batch)
+            loss = float(m["loss"])  # synchronises: the step's time ends here
+            t2 = time.perf_counter()
+            wait, busy = wait + (t1 - t0), busy + (t2 - t1)
+            window_n += 1
+            done = i + 1
+            if done % cfg.train.log_every == 0 or done == cfg.train.steps:
+                now = time.perf_counter()
+                rate = window_n * cfg.data.batch_size * _dist.world_size() / (now - window_t)
+                record({"batch": done, "loss": loss, "lr": float(m["lr"]) if "lr" in m else None,
+                        "applied": bool(m["applied"]), "samples_per_s": rate, "data_wait_share": wait / (wait + busy)})
+                window_t, window_n = now, 0
+            bar.update(done, loss, wait / max(wait + busy, 1e-9), busy + wait)
+            if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
+                record({"batch": done, "eval": _evaluate(step, recipe, ema)})
+            if done % cfg.train.save_every == 0 or done == cfg.train.steps:
+                ckpt = step.save(os.path.join(ckpt_dir, f"batch-{done:07d}.ckpt"), keep=cfg.train.keep) or ckpt
+    finally:
+        bar.close()
+        if log is not None:
+            log.close()
+    logs = [r for r in records if "samples_per_s" in r]
+    evals = [r for r in records if "eval" in r]
+    summary = {"recipe": cfg.recipe, "steps": cfg.train.steps, "resumed_from": start if resume else None,
+               "samples_per_s": float(np.median([r["samples_per_s"] for r in logs])) if logs else None,
+               "data_wait_share": wait / (wait + busy) if wait + busy else None, "final_loss": loss,
+               "checkpoint": str(ckpt) if ckpt else None, "recompute": recomputed,
+               "eval": {f"{recipe.metric}_initial": evals[0]["eval"][recipe.metric], **evals[-1]["eval"]}}
+    if main:
+        _plot(records, os.path.join(out, "curves.png"), recipe.metric)
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump(summary, fh, indent=1)
+    return summary
+
+
+class _Progress:
+    """A rich progress bar with loss, data-wait share and ETA, on rank 0 only."""
+
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.bar = None
+        if not enabled:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                            TextColumn("loss {task.fields[loss]}"), TextColumn("data wait {task.fields[wait]}"),
+                            TimeRemainingColumn())
+        self.task = self.bar.add_task("train", total=total, completed=start, loss="-", wait="-")
+        self.bar.start()
+
+    def update(self, done, loss, wait_share, _elapsed):
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, loss=f"{loss:.4f}", wait=f"{wait_share:.0%}")
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
