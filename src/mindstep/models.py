@@ -1,8 +1,10 @@
-"""Small built-in models for tests, the demo and the bench (device-agnostic MindSpore Cells)."""
+"""Small built-in models for tests, the demo, the bench and the recipes (device-agnostic MindSpore Cells)."""
 from __future__ import annotations
 
+import math
+
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
 
 
 class MLP(nn.Cell):
@@ -42,3 +44,62 @@ def seeded(factory, seed: int = 0, **kwargs) -> nn.Cell:
     """Build `factory(**kwargs)` after `ms.set_seed(seed)`, so two builds start from the same weights."""
     ms.set_seed(seed)
     return factory(**kwargs)
+
+
+# ---- BERT-style encoder with an MLM head, small by default ------------------------------------
+class Attention(nn.Cell):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads, self.dk = heads, hidden // heads
+        self.qkv = nn.Dense(hidden, 3 * hidden)
+        self.out = nn.Dense(hidden, hidden)
+        self.scale = 1.0 / math.sqrt(self.dk)
+
+    def construct(self, x):
+        b, s, h = x.shape
+        qkv = self.qkv(x).reshape(b, s, 3, self.heads, self.dk).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = ops.softmax(ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale, -1)
+        ctx = ops.matmul(att, v).transpose(0, 2, 1, 3).reshape(b, s, h)
+        return self.out(ctx)
+
+    def extra_flops(self, x_shape):
+        b, s, h = x_shape
+        return 2 * 2 * b * s * s * h  # QK^T and att@V
+
+
+class EncoderLayer(nn.Cell):
+    def __init__(self, hidden, heads, ffn):
+        super().__init__()
+        self.att = Attention(hidden, heads)
+        self.ln1 = nn.LayerNorm((hidden,))
+        self.ff = nn.SequentialCell(nn.Dense(hidden, ffn), nn.GELU(), nn.Dense(ffn, hidden))
+        self.ln2 = nn.LayerNorm((hidden,))
+
+    def construct(self, x):
+        x = self.ln1(x + self.att(x))
+        return self.ln2(x + self.ff(x))
+
+
+class BertMLM(nn.Cell):
+    def __init__(self, vocab=1000, hidden=128, layers=2, heads=2, ffn=512, max_len=512):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(max_len, hidden)
+        self.layers = nn.SequentialCell([EncoderLayer(hidden, heads, ffn) for _ in range(layers)])
+        self.head = nn.Dense(hidden, vocab)
+        self.vocab = vocab
+
+    def construct(self, ids):
+        pos = ops.arange(ids.shape[1]).astype(ms.int32).reshape(1, -1)
+        x = self.tok(ids) + self.pos(pos)
+        return self.head(self.layers(x))
+
+
+class MLMLoss(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.ce = nn.CrossEntropyLoss()
+
+    def construct(self, logits, labels):
+        return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))

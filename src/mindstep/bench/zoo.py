@@ -5,7 +5,6 @@ from the same weights and sees the same data.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,7 +13,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from .._probe import probe_forward
-from ..models import MLP
+from ..models import MLP, Attention, BertMLM, MLMLoss
 
 
 # ---- ResNet (ImageNet layout: 7x7 stem, max-pool, 4 stages) ----------------------------------
@@ -137,65 +136,6 @@ class RRDBNet(nn.Cell):
         fea = ops.interpolate(fea, size=(h * 2, w * 2), mode="nearest")
         fea = self.act(self.up(fea))
         return self.last(self.act(self.hr(fea)))
-
-
-# ---- BERT-style encoder with an MLM head, small by default ------------------------------------
-class Attention(nn.Cell):
-    def __init__(self, hidden, heads):
-        super().__init__()
-        self.heads, self.dk = heads, hidden // heads
-        self.qkv = nn.Dense(hidden, 3 * hidden)
-        self.out = nn.Dense(hidden, hidden)
-        self.scale = 1.0 / math.sqrt(self.dk)
-
-    def construct(self, x):
-        b, s, h = x.shape
-        qkv = self.qkv(x).reshape(b, s, 3, self.heads, self.dk).transpose(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        att = ops.softmax(ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale, -1)
-        ctx = ops.matmul(att, v).transpose(0, 2, 1, 3).reshape(b, s, h)
-        return self.out(ctx)
-
-    def extra_flops(self, x_shape):
-        b, s, h = x_shape
-        return 2 * 2 * b * s * s * h  # QK^T and att@V
-
-
-class EncoderLayer(nn.Cell):
-    def __init__(self, hidden, heads, ffn):
-        super().__init__()
-        self.att = Attention(hidden, heads)
-        self.ln1 = nn.LayerNorm((hidden,))
-        self.ff = nn.SequentialCell(nn.Dense(hidden, ffn), nn.GELU(), nn.Dense(ffn, hidden))
-        self.ln2 = nn.LayerNorm((hidden,))
-
-    def construct(self, x):
-        x = self.ln1(x + self.att(x))
-        return self.ln2(x + self.ff(x))
-
-
-class BertMLM(nn.Cell):
-    def __init__(self, vocab=1000, hidden=128, layers=2, heads=2, ffn=512, max_len=512):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, hidden)
-        self.pos = nn.Embedding(max_len, hidden)
-        self.layers = nn.SequentialCell([EncoderLayer(hidden, heads, ffn) for _ in range(layers)])
-        self.head = nn.Dense(hidden, vocab)
-        self.vocab = vocab
-
-    def construct(self, ids):
-        pos = ops.arange(ids.shape[1]).astype(ms.int32).reshape(1, -1)
-        x = self.tok(ids) + self.pos(pos)
-        return self.head(self.layers(x))
-
-
-class MLMLoss(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.ce = nn.CrossEntropyLoss()
-
-    def construct(self, logits, labels):
-        return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 # ---- the registry ------------------------------------------------------------------------------
