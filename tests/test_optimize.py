@@ -412,3 +412,30 @@ def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, f
     estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) +
                    (config_mb(conv, form, (hw // stride ** i,) * 2) if stride > 1 else 0.0) for i in (1, 2))
     assert grow[3] - grow[1] <= at_most * estimate, (grow, estimate)
+
+
+@pytest.mark.parametrize("form", ["batched", "one-gemm", "one-gemm+phases"])
+def test_composed_convs_follow_the_mixed_precision_of_the_layers_they_replace(form):
+    """O2 (fp16 compute) with the pass: the composed forms cast their weights to the input's dtype
+    as native Conv2D does (they met fp16 inputs with fp32 weights: 'For primitive[MatMulExt], the
+    input type must be same', found by `mindstep bench --recipe resnet --stages`), and train like
+    the native fp16 step."""
+    from mindstep.train.recipes.resnet import ResNet
+
+    x = np.random.default_rng(0).standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = (np.arange(8) % 10).astype(np.int32)
+    losses = {}
+    for name, opts in (("native", False), ("composed", {"force": {"*": form}, "measure": False})):
+        ms.set_seed(0)
+        net = ResNet(1, 10, [4, 8], [1, 1])
+        loss_fn = nn.CrossEntropyLoss()
+
+        def forward(a, b):
+            return loss_fn(net(a), b)
+
+        step = TrainStep(forward, nn.Momentum(net.trainable_params(), 0.05, 0.9), precision="O2", optimize=opts,
+                         nets=[net], name="s")
+        losses[name] = [float(step(x, y)["loss"]) for _ in range(3)]
+        if opts:
+            assert any(r["choice"] != "native" for r in step.optimize_report)
+    np.testing.assert_allclose(losses["composed"], losses["native"], rtol=2e-2)

@@ -442,6 +442,12 @@ class GemmConv2d(nn.Cell):
         self.one_gemm = form.startswith("one-gemm")
         if conv.group != 1:
             raise ValueError(f"GemmConv2d rewrites group=1 convolutions only; this one has group={conv.group}.")
+        # the layer's mixed-precision flags (`to_float`): under O2 the composed form must cast its
+        # inputs and weights as the native conv does (without them fp16 inputs met fp32 weights:
+        # "For primitive[MatMulExt], the input type must be same")
+        precision = {k: v for k, v in conv.get_flags().items() if k in ("fp16", "fp32", "bf16")}
+        if precision:
+            self.add_flags_recursive(**precision)
         self.weight = conv.weight
         self.has_bias = conv.has_bias
         if conv.has_bias:
@@ -460,10 +466,14 @@ class GemmConv2d(nn.Cell):
             form.endswith("+phases"))
 
     def construct(self, x):
+        # mixed precision: MindSpore casts the flagged Cell's inputs, not the Parameters this one
+        # reads itself; the weights follow the input's dtype here, as native Conv2D's do (a Python
+        # constant comparison: nothing is added in float32)
+        weight = self.weight if self.weight.dtype == x.dtype else ops.cast(self.weight, x.dtype)
         if self.pointwise:
             n, c, h, w = x.shape
             k, l = self.out_channels, h * w
-            w2 = _RESHAPE(self.weight, (k, c))
+            w2 = _RESHAPE(weight, (k, c))
             if not self.one_gemm:  # W broadcast over the batch (best at large spatial sizes)
                 y = ops.matmul(w2, _RESHAPE(x, (n, c, l)))
             elif l == 1:  # one (N, C) x (C, K) GEMM, nothing to move
@@ -474,12 +484,13 @@ class GemmConv2d(nn.Cell):
         elif self.tap is not None:
             n, c = x.shape[0], x.shape[1]
             k, kk = self.out_channels, self.kernel_size[0] * self.kernel_size[1]
-            w2 = _RESHAPE(_MM(_RESHAPE(self.weight, (k * c, kk)), ops.cast(self.select, self.weight.dtype)), (k, c))
+            w2 = _RESHAPE(_MM(_RESHAPE(weight, (k * c, kk)), ops.cast(self.select, weight.dtype)), (k, c))
             y = _RESHAPE(_MM_NT(_RESHAPE(x, (n, c)), w2), (n, k, 1, 1))
         else:
-            y = self.fn(x, self.weight)
+            y = self.fn(x, weight)
         if self.has_bias:
-            y = y + self.bias.reshape(1, -1, 1, 1)
+            bias = self.bias if self.bias.dtype == y.dtype else ops.cast(self.bias, y.dtype)
+            y = y + bias.reshape(1, -1, 1, 1)
         return y
 
 
