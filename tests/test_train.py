@@ -132,3 +132,79 @@ def test_recompute_marks_the_matching_cells_and_refuses_a_pattern_that_matches_n
     assert names and all(n.startswith("blocks.") for n in names)
     with pytest.raises(config.ConfigError, match="matches no Cell; top-level Cells: stem, blocks, head"):
         loop.build_step(_resolve(*TINY, "step.recompute=['layer4']"), recipes.build(cfg))
+
+
+BERT_TINY = ["model.vocab_size=200", "model.seq_len=64", "model.hidden=16", "model.layers=1", "model.heads=2",
+             "model.ffn=32", "data.batch_size=800", "data.workers=1", "train.eval_every=2", "train.save_every=2",
+             "train.log_every=1", "schedule.total_steps=4", "schedule.warmup_steps=1"]
+
+
+def test_mlm_masking_marks_the_masked_tokens_and_keeps_their_labels():
+    from mindstep.train.recipes import bert
+
+    ids = np.random.default_rng(0).integers(3, 100, (400, 16)).astype(np.int32)
+    inputs, labels, weights = bert.mask(ids, 0.15, 100, seed=1)
+    chosen = weights > 0
+    assert 0.13 < chosen.mean() < 0.17
+    assert np.array_equal(labels[chosen], ids[chosen]) and not labels[~chosen].any()
+    assert np.array_equal(inputs[~chosen], ids[~chosen])
+    assert 0.75 < (inputs[chosen] == bert.SPECIAL.index("[MASK]")).mean() < 0.85
+
+
+def test_bert_recipe_end_to_end_and_resume(tmp_path):
+    """Token-normalised MLM on the pydoc corpus, tiny: eval keys, and a resume across an epoch
+    boundary (the masks are drawn per epoch) that ends where an uninterrupted run does."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main(["train", "--recipe", "bert", "--out", str(full), "--steps", "4", "--json", str(full / "s.json"),
+                 *BERT_TINY]) == 0
+    summary = json.loads((full / "s.json").read_text())
+    assert set(summary["eval"]) == {"mlm_accuracy_initial", "mlm_accuracy", "mlm_accuracy_unigram"}
+    assert 0 < summary["eval"]["mlm_accuracy_unigram"] < 0.5
+    # the run's tokenizer is part of the run (tokenizers' trainer breaks ties differently each time)
+    cut.mkdir()
+    (cut / "tokenizer.json").write_bytes((full / "tokenizer.json").read_bytes())
+    assert main(["train", "--recipe", "bert", "--out", str(cut), "--steps", "2", *BERT_TINY]) == 0
+    assert main(["train", "--recipe", "bert", "--out", str(cut), "--steps", "4", "--resume", *BERT_TINY]) == 0
+    a, b = _params(full / "ckpt" / "batch-0000004.ckpt"), _params(cut / "ckpt" / "batch-0000004.ckpt")
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_staged_report_runs_every_stage_in_its_own_process_and_prints_the_table(tmp_path, capsys):
+    """Schema only: six stages, each a row with its figures or its error, ratios to the first."""
+    sets = [a for o in TINY if not o.startswith("train.") for a in ("--set", o)]
+    code = main(["bench", "--recipe", "resnet", "--stages", "--stage-steps", "4", "--out", str(tmp_path),
+                 "--json", str(tmp_path / "stages.json"), *sets])
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "stages.json").read_text())
+    rows = result["stages"]
+    assert [r["stage"] for r in rows] == ["pynative", "jit", "amp", "accumulate", "composed", "recompute"]
+    assert code == (0 if all(r["status"] == "ok" for r in rows) else 1)
+    for r in rows:
+        assert r["label"] in out
+        if r["status"] == "ok":
+            assert {"samples_per_s", "ms_per_step", "peak_mb", "compile_s", "time_to_target_s", "target",
+                    "overrides"} <= set(r)
+        else:
+            assert r["error"] in out
+    assert rows[0]["overrides"] == ["step.jit=false"] and "step.accumulate=2" in rows[3]["overrides"]
+    assert "samples/s" in out and "x base" in out and (tmp_path / "stages.png").stat().st_size > 0
+
+
+def test_recipes_take_the_users_data(tmp_path):
+    """resnet: an image folder with one subfolder per class; bert: a text file."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label in ("cat", "dog"):
+        (tmp_path / "img" / label).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(tmp_path / "img" / label / f"{i}.png")
+    r = recipes.build(_resolve(f"data.path={tmp_path / 'img'}", "model.image_size=8"))
+    assert r.classes == 2 and r.train_set[0].shape[1:] == (3, 8, 8) and len(r.train_set[1]) + len(r.test_set[1]) == 20
+    text = tmp_path / "t.txt"
+    text.write_text("\n\n".join(f"paragraph {i}: the quick brown fox jumps over the lazy dog " * 3 for i in range(60)))
+    b = recipes.build(config.resolve(recipes.defaults("bert"), None, [f"data.path={text}", "model.vocab_size=100",
+                                                                     "model.seq_len=16"]))
+    assert len(b.train_set[0]) > 0 and len(b.test_set[0]) > 0 and b.vocab <= 100

@@ -36,7 +36,8 @@ EXAMPLES = {
   mindstep bench                                          # ResNet-18, the default modes
   mindstep bench --model bert --modes jit,model,onestep --steps 8 --repeat 3
   mindstep bench --model resnet50 --all-features --modes jit,jit-all --json out.json
-  mindstep bench --model mlp --nproc 2 --steps 20       # data parallel: per-rank and total throughput""",
+  mindstep bench --model mlp --nproc 2 --steps 20       # data parallel: per-rank and total throughput
+  mindstep bench --recipe resnet --stages               # the tutorial's stage table for a recipe""",
     "doctor": """examples:
   mindstep doctor train.py models/      # static check, nothing runs
   mindstep doctor src/ --ignore MS013   # skip a rule; `# noqa: MS013` silences one line
@@ -165,7 +166,39 @@ def _cmd_bench_dp(args) -> int:
     return 0
 
 
+def _cmd_bench_stages(args) -> int:
+    """`bench --recipe NAME --stages`: the tutorial's case-study table for a recipe."""
+    from . import _cpu
+    from .train import config, recipes, stages
+
+    if args.recipe not in recipes.NAMES:
+        print(f"mindstep bench: --recipe must be one of {', '.join(recipes.NAMES)}, got {args.recipe!r}", file=sys.stderr)
+        return 2
+    if not args.stages:
+        print("mindstep bench: --recipe runs the staged report; add --stages", file=sys.stderr)
+        return 2
+    out = args.out or os.path.join("bench-out", f"stages-{args.recipe}")
+    steps = args.stage_steps or recipes.STAGE_STEPS[args.recipe]
+    try:  # the overrides are checked here, before six processes start
+        config.resolve(recipes.defaults(args.recipe), None, args.set)
+    except config.ConfigError as err:
+        print(f"mindstep bench: {err}", file=sys.stderr)
+        return 2
+    rows = stages.run_all(args.recipe, steps, max(steps // 10, 1), out, user_overrides=args.set,
+                          on_progress=lambda what, i, n: print(f"stage {i + 1}/{n}: {what}", file=sys.stderr, flush=True))
+    cpu = _cpu.describe()
+    print(stages.table(args.recipe, rows, _cpu.summary(cpu)))
+    stages.plot(rows, os.path.join(out, "stages.png"), args.recipe)
+    print(f"plot: {os.path.join(out, 'stages.png')}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"recipe": args.recipe, "steps": steps, "cpu": cpu, "stages": rows}, fh, indent=1)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
 def _cmd_bench(args) -> int:
+    if args.recipe is not None or args.stages:
+        return _cmd_bench_stages(args)
     if args.nproc > 1:
         return _cmd_bench_dp(args)
     from rich.console import Console
@@ -362,6 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=_positive, default=1,
                    help="data parallel: time the jit step on N workers (mindstep launch), per rank and in total, "
                         "against one process (--modes is not used then)")
+    p.add_argument("--recipe", help="with --stages: a `mindstep train` recipe (resnet, bert)")
+    p.add_argument("--stages", action="store_true",
+                   help="the recipe's step through PyNative, jit, mixed precision, accumulation, composed "
+                        "operators and recomputation, each in a fresh process")
+    p.add_argument("--stage-steps", type=_positive, help="batches per stage (default: the recipe's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every stage, as in `mindstep train` (repeatable)")
     p.add_argument("--explain", action="store_true", help="print the composed-operator pass's per-layer decisions")
     p.set_defaults(func=_cmd_bench)
 
@@ -384,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "before anything is built) with mindstep's compiled step: a progress bar, metrics.jsonl, "
                 "evaluation every train.eval_every batches, checkpoints every train.save_every, --resume from "
                 "the newest complete checkpoint at the right batch, curves.png and a --json summary.")
-    p.add_argument("--recipe", help="a packaged recipe: resnet")
+    p.add_argument("--recipe", help="a packaged recipe: resnet, bert")
     p.add_argument("--config", metavar="FILE", help="a YAML config (its `recipe:` names the recipe)")
     p.add_argument("--steps", type=_positive, help="the same as train.steps=N")
     p.add_argument("--data", metavar="PATH", help="your data instead of the recipe's default (data.path=PATH)")

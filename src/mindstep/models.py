@@ -68,31 +68,40 @@ class Attention(nn.Cell):
         return 2 * 2 * b * s * s * h  # QK^T and att@V
 
 
+def _dropout(p: float):
+    """`mindstep.Dropout` (resumable: its state is checkpointed) for p > 0, else nothing."""
+    from .dropout import Dropout
+
+    return Dropout(p) if p > 0 else nn.Identity()
+
+
 class EncoderLayer(nn.Cell):
-    def __init__(self, hidden, heads, ffn):
+    def __init__(self, hidden, heads, ffn, dropout: float = 0.0):
         super().__init__()
         self.att = Attention(hidden, heads)
         self.ln1 = nn.LayerNorm((hidden,))
         self.ff = nn.SequentialCell(nn.Dense(hidden, ffn), nn.GELU(), nn.Dense(ffn, hidden))
         self.ln2 = nn.LayerNorm((hidden,))
+        self.drop1, self.drop2 = _dropout(dropout), _dropout(dropout)
 
     def construct(self, x):
-        x = self.ln1(x + self.att(x))
-        return self.ln2(x + self.ff(x))
+        x = self.ln1(x + self.drop1(self.att(x)))
+        return self.ln2(x + self.drop2(self.ff(x)))
 
 
 class BertMLM(nn.Cell):
-    def __init__(self, vocab=1000, hidden=128, layers=2, heads=2, ffn=512, max_len=512):
+    def __init__(self, vocab=1000, hidden=128, layers=2, heads=2, ffn=512, max_len=512, dropout: float = 0.0):
         super().__init__()
         self.tok = nn.Embedding(vocab, hidden)
         self.pos = nn.Embedding(max_len, hidden)
-        self.layers = nn.SequentialCell([EncoderLayer(hidden, heads, ffn) for _ in range(layers)])
+        self.drop = _dropout(dropout)
+        self.layers = nn.SequentialCell([EncoderLayer(hidden, heads, ffn, dropout) for _ in range(layers)])
         self.head = nn.Dense(hidden, vocab)
         self.vocab = vocab
 
     def construct(self, ids):
         pos = ops.arange(ids.shape[1]).astype(ms.int32).reshape(1, -1)
-        x = self.tok(ids) + self.pos(pos)
+        x = self.drop(self.tok(ids) + self.pos(pos))
         return self.head(self.layers(x))
 
 

@@ -89,11 +89,12 @@ def build_step(cfg, recipe):
 
 class Batches:
     """The training batches in a fixed order per epoch, as a `mindspore.dataset` pipeline (parallel
-    workers, prefetch), sharded across data-parallel ranks, from any batch index on."""
+    workers, prefetch), sharded across data-parallel ranks, from any batch index on. `arrays(epoch)`
+    gives the epoch's columns (a recipe may re-mask or re-crop them per epoch, deterministically)."""
 
-    def __init__(self, arrays: dict, batch_size: int, workers: int, seed: int):
-        self.arrays, self.batch_size, self.workers, self.seed = arrays, batch_size, workers, seed
-        n = len(next(iter(arrays.values())))
+    def __init__(self, columns, arrays, batch_size: int, workers: int, seed: int):
+        self.columns, self.arrays, self.batch_size, self.workers, self.seed = columns, arrays, batch_size, workers, seed
+        n = len(arrays(0)[0])
         self.per_epoch = n // (batch_size * _dist.world_size())
         if self.per_epoch == 0:
             raise ValueError(f"data.batch_size={batch_size} x {_dist.world_size()} rank(s) is more than the "
@@ -102,8 +103,9 @@ class Batches:
     def _epoch(self, epoch: int, skip: int):
         import mindspore.dataset as ds
 
-        order = np.random.default_rng(self.seed + epoch).permutation(len(next(iter(self.arrays.values()))))
-        data = ds.NumpySlicesDataset({k: v[order] for k, v in self.arrays.items()}, shuffle=False,
+        arrays = self.arrays(epoch)
+        order = np.random.default_rng(self.seed + epoch).permutation(len(arrays[0]))
+        data = ds.NumpySlicesDataset({k: v[order] for k, v in zip(self.columns, arrays)}, shuffle=False,
                                      num_parallel_workers=self.workers, **_dist.shard_args())
         data = data.batch(self.batch_size, drop_remainder=True, num_parallel_workers=self.workers)
         if skip:
@@ -159,7 +161,7 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
     from .config import dump
 
     main = _dist.is_main()
-    recipe = recipes.build(cfg)
+    recipe = recipes.build(cfg, out)
     net, step, recomputed = build_step(cfg, recipe)
     ckpt_dir = os.path.join(out, "ckpt")
     metrics_path = os.path.join(out, "metrics.jsonl")
@@ -190,9 +192,7 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
     ema = cfg.step.ema is not None
     if start == 0:
         record({"batch": 0, "eval": _evaluate(step, recipe, ema)})
-    columns = recipe.columns()
-    data = Batches(dict(zip(columns, (recipe.train_set[0], recipe.train_set[1]))), cfg.data.batch_size,
-                   cfg.data.workers, cfg.data.seed)
+    data = Batches(recipe.columns(), recipe.epoch, cfg.data.batch_size, cfg.data.workers, cfg.data.seed)
     batches = data.from_batch(start)
     wait = busy = 0.0
     window_t, window_n, loss = time.perf_counter(), 0, float("nan")

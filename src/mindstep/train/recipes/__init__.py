@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import os
 
-NAMES = ("resnet",)
+NAMES = ("resnet", "bert")
 
 
 def defaults(name: str) -> dict:
@@ -16,18 +16,25 @@ def defaults(name: str) -> dict:
     return load_yaml(os.path.join(os.path.dirname(__file__), f"{name}.yaml"))
 
 
-def build(cfg):
-    """The recipe object for a validated config."""
+def build(cfg, workdir=None):
+    """The recipe object for a validated config; `workdir`: the run's folder, for what a recipe
+    keeps with the run (the bert recipe's tokenizer); None only checks the recipe's settings."""
     from pydantic import ValidationError
 
     from ..config import ConfigError
 
     module = importlib.import_module(f"{__name__}.{cfg.recipe}")
     try:
-        return module.Recipe(cfg)
+        return module.Recipe(cfg, workdir)
     except ValidationError as err:
         lines = [f"model.{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r}); valid keys: "
                  f"{', '.join(module.ModelConfig.model_fields)}" for e in err.errors()]
         raise ConfigError("\n".join(lines)) from None
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+# the staged report (mindstep.train.stages): the quality target each stage is timed to, and the
+# Cells the recomputation stage recomputes
+TARGETS = {"resnet": ("accuracy", 0.9), "bert": ("mlm_accuracy", 0.12)}
+RECOMPUTE = {"resnet": ["blocks.?"], "bert": ["layers.?"]}
+STAGE_STEPS = {"resnet": 200, "bert": 300}

@@ -103,7 +103,7 @@ class Recipe:
     name = "resnet"
     metric = "accuracy"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, workdir=None):
         self.cfg = cfg
         self.model_cfg = ModelConfig.model_validate(cfg.model)
         if len(self.model_cfg.widths) != len(self.model_cfg.blocks):
@@ -120,6 +120,10 @@ class Recipe:
 
     def columns(self):
         return ("image", "label")
+
+    def epoch(self, epoch: int):
+        """The training arrays of one epoch (the same every epoch; the order is shuffled by the loop)."""
+        return self.train_set
 
     def build(self):
         m = self.model_cfg
