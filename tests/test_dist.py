@@ -213,3 +213,22 @@ def test_reduce_is_validated_on_the_host():
         step = mindstep.TrainStep(forward, opt, reduce=reduce)
         assert step.reduce is None and step.world_size == 1
         assert step.metric_scopes["loss"] == "this process"
+
+
+def test_the_failing_rank_is_named_even_when_msrun_has_killed_the_others(tmp_path):
+    """msrun SIGKILLs the surviving workers itself once one fails, so several workers can be gone
+    without an exit record: a worker's own non-zero exit record wins, then the one msrun names."""
+    from mindstep.dist.launch import Job, Launch
+
+    dead = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for p in dead:
+        p.wait()
+    launch = Launch(Job(cmd=["python", "x.py"], nproc=2, master_port=8118, log_dir=str(tmp_path)))
+    os.makedirs(launch.status_dir)
+    for rank, p in enumerate(dead):
+        (tmp_path / ".mindstep" / "node0" / f"rank{rank}.pid").write_text(str(p.pid))
+    (tmp_path / "msrun_node0.log").write_text(f"[ERROR] Worker process {dead[1].pid} exit with exception. "
+                                              "Error code: -9.\n")
+    assert launch._failure() == (1, "was killed (it ended without returning: a signal such as SIGKILL, or os._exit)")
+    (tmp_path / ".mindstep" / "node0" / "rank0.exit").write_text(json.dumps({"code": 3, "error": "ValueError: bad"}))
+    assert launch._failure() == (0, "exited with status 3 (ValueError: bad)")

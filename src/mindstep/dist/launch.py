@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import psutil
 
 TIMEOUTS = {"MS_NODE_TIMEOUT": "10", "MS_CPU_COMM_OP_TIMEOUT": "5"}
+_MSRUN_FAILED = re.compile(r"Worker process (\d+) exit with exception")
 POLL_S = 0.2
 TAIL_LINES = 20
 # msrun's scheduler start is skipped on nodes other than 0 (see the module docstring)
@@ -71,6 +73,13 @@ class Job:
         if not 1024 <= self.master_port <= 65535:
             raise ValueError(f"--master-port must be in 1024..65535, but got {self.master_port}.")
         self.ranks = [self.node_rank * self.nproc + i for i in range(self.nproc)]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def free_port(addr: str = "127.0.0.1") -> int:
@@ -138,6 +147,7 @@ class Launch:
         self.status_dir = os.path.join(job.log_dir, ".mindstep", f"node{job.node_rank}")
         self.tails = {r: _Tail(os.path.join(job.log_dir, f"worker_{r}.log")) for r in job.ranks}
         self.seen: dict[int, psutil.Process] = {}
+        self.gone_at: dict[int, float] = {}  # rank -> when it was first seen gone without an exit record
         self.proc = None
 
     def _say(self, text: str) -> None:
@@ -178,20 +188,41 @@ class Launch:
         except (FileNotFoundError, ValueError):
             return None
 
-    def _failure(self):
-        """(rank, why) of the first worker that ended badly, or None."""
-        for rank, pid in self._worker_pids().items():
-            record = self._exit_record(rank)
-            if record is not None:
-                if record["code"] != 0:
-                    error = (record["error"] or "").strip().splitlines()
-                    why = f"exited with status {record['code']}" + (f" ({error[0][:200]})" if error else "")
-                    return rank, why
-                continue
-            if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                if self._exit_record(rank) is None:  # it may have written it just now
-                    return rank, "was killed (it ended without returning: a signal such as SIGKILL, or os._exit)"
+    def _msrun_culprit(self, pids: dict):
+        """The rank msrun saw fail first ("Worker process <pid> exit with exception"), if it said so:
+        msrun then SIGKILLs the other workers itself, so they too end without an exit record."""
+        try:
+            with open(os.path.join(self.job.log_dir, f"msrun_node{self.job.node_rank}.log"), errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            return None
+        by_pid = {pid: rank for rank, pid in pids.items()}
+        for match in _MSRUN_FAILED.finditer(text):
+            if int(match.group(1)) in by_pid:
+                return by_pid[int(match.group(1))]
         return None
+
+    def _failure(self):
+        """(rank, why) of the worker whose failure ended the job, or None. A worker that reports a
+        non-zero exit is that worker; among workers gone without a report (killed), the one msrun
+        names, else the one seen gone first (the others may be msrun's own kills)."""
+        pids = self._worker_pids()
+        for rank in pids:
+            record = self._exit_record(rank)
+            if record is not None and record["code"] != 0:
+                error = (record["error"] or "").strip().splitlines()
+                return rank, f"exited with status {record['code']}" + (f" ({error[0][:200]})" if error else "")
+        now = time.monotonic()
+        for rank, pid in pids.items():
+            if _gone(pid) and self._exit_record(rank) is None:
+                self.gone_at.setdefault(rank, now)
+        if not self.gone_at:
+            return None
+        rank = self._msrun_culprit(pids)
+        if rank is None or rank not in self.gone_at:
+            first = min(self.gone_at.values())
+            rank = min(r for r, t in self.gone_at.items() if t == first)
+        return rank, "was killed (it ended without returning: a signal such as SIGKILL, or os._exit)"
 
     def kill_all(self) -> None:
         """SIGTERM every process of the job on this node, then SIGKILL what is left after 3 s."""
