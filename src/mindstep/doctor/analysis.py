@@ -16,6 +16,7 @@ passed to) and stay silent where the code does not say, so that a finding is evi
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass
 
@@ -98,12 +99,11 @@ class Module:
         self.graph_calls = {c.func.id for fn in self.graph_functions for c in ast.walk(fn)
                             if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
 
+    @functools.cached_property
     def tensor_params(self) -> dict:
         """id(graph function) -> its parameters that receive tensors. A jitted function's or a
         `construct`'s inputs are tensors; a helper's are only those that graph code passes
         tensors to (`_init_state(shape, dtype)` takes a shape, and its numpy is a constant)."""
-        if getattr(self, "_tensor_params", None) is not None:
-            return self._tensor_params
         roots = {id(fn) for fn in self.graph_functions if fn.name == "construct" or fn.name in self.jit_names
                  or fn.name in self.jit_wrapped or any(_is_jit(self, d) for d in fn.decorator_list)}
         found = {id(fn): (set(_params(fn)) - {"self", "cls"}) if id(fn) in roots else set()
@@ -127,8 +127,18 @@ class Module:
                             changed = True
             if not changed:
                 break
-        self._tensor_params = found
         return found
+
+    @functools.cached_property
+    def scope_of(self) -> dict:
+        """node -> the scope it runs in: the module, or the innermost function, lambda or class body.
+        One pass: `self.nodes` is breadth-first, so a node's parent is placed before the node (except
+        the shared `Load`/`Add` singletons, whose scope does not matter)."""
+        scope = {self.tree: self.tree}
+        for node in self.nodes[1:]:
+            parent = self.parents[node]
+            scope[node] = parent if isinstance(parent, SCOPES) else scope.get(parent, self.tree)
+        return scope
 
     def _imports(self) -> None:
         """Which names are MindSpore modules, real numpy, or imported from other libraries."""
@@ -300,7 +310,7 @@ def _check_graph_function(mod: Module, fn, add) -> None:
             if last in ("asnumpy", "item", "tolist") and isinstance(node.func, ast.Attribute):
                 add(node, "MS010")
             if name.split(".")[0] in mod.numpy_names and "." in name:
-                tensors = _tensor_names(fn, mod.tensor_params()[id(fn)]) if tensors is None else tensors
+                tensors = _tensor_names(fn, mod.tensor_params[id(fn)]) if tensors is None else tensors
                 # numpy on shapes and settings (np.sqrt(self.head_dim), np.ones(C)) is a constant
                 # folded at compile time; only numpy on a tensor leaves the graph
                 if any(_mentions_tensor(a, tensors) for a in node.args + [k.value for k in node.keywords]):
@@ -489,17 +499,6 @@ LOADS = ("load_param_into_net", "set_data", "load_checkpoint")
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
-def _scopes(mod) -> dict:
-    """node -> the scope it runs in: the module, or the innermost function, lambda or class body.
-    One pass: `mod.nodes` is breadth-first, so a node's parent is placed before the node (except
-    the shared `Load`/`Add` singletons, whose scope does not matter)."""
-    scope = {mod.tree: mod.tree}
-    for node in mod.nodes[1:]:
-        parent = mod.parents[node]
-        scope[node] = parent if isinstance(parent, SCOPES) else scope.get(parent, mod.tree)
-    return scope
-
-
 def _check_loads(mod, add) -> None:
     """MS005 in the order code runs: in one scope, a weight load after a call that runs a jitted
     function (directly or through a function of this file that does), into a net that function
@@ -508,7 +507,7 @@ def _check_loads(mod, add) -> None:
         return
     scopes = [mod.tree] + [fn for defs in mod.functions.values() for fn in defs]
     calls = {id(s): [] for s in scopes}
-    scope_of = _scopes(mod)
+    scope_of = mod.scope_of
     for node in mod.nodes:
         if isinstance(node, ast.Call) and id(scope_of[node]) in calls:
             calls[id(scope_of[node])].append(node)
@@ -691,7 +690,7 @@ def _is_python_number(mod, node, name: str) -> bool:
     `len(...)`); `x = ms.Tensor([0])` then `x += 1` is a tensor, and passing it does not recompile."""
     scope = next((a for a in _ancestors(mod, node) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))),
                  mod.tree)
-    scope_of = _scopes(mod)
+    scope_of = mod.scope_of
     values = [n.value for n in mod.nodes if isinstance(n, ast.Assign) and scope_of[n] is scope
               and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
 
