@@ -232,3 +232,17 @@ def test_the_failing_rank_is_named_even_when_msrun_has_killed_the_others(tmp_pat
     assert launch._failure() == (1, "was killed (it ended without returning: a signal such as SIGKILL, or os._exit)")
     (tmp_path / ".mindstep" / "node0" / "rank0.exit").write_text(json.dumps({"code": 3, "error": "ValueError: bad"}))
     assert launch._failure() == (0, "exited with status 3 (ValueError: bad)")
+
+
+def test_train_nproc_runs_the_resolved_config_on_every_rank_and_rank_0_writes(tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "mindstep", "train", "--recipe", "resnet", "--nproc", "2",
+                           "--out", str(out), "--steps", "4", "--json", str(tmp_path / "s.json"),
+                           "model.widths=[4, 8]", "model.blocks=[1, 1]", "data.batch_size=16", "data.workers=1",
+                           "train.eval_every=2", "train.save_every=2", "train.log_every=1"],
+                          capture_output=True, text=True, timeout=180, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "[rank 0] resnet: 4 batches" in done.stdout and "[rank 1] resnet" not in done.stdout
+    assert json.loads((tmp_path / "s.json").read_text())["steps"] == 4
+    assert sorted(p.name for p in (out / "ckpt").glob("*.ckpt")) == ["batch-0000002.ckpt", "batch-0000004.ckpt"]
+    assert "widths:\n  - 4\n  - 8" in (out / "launch.yaml").read_text()

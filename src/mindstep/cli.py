@@ -83,13 +83,14 @@ def _cmd_train(args) -> int:
     if args.nproc > 1:
         from .dist.launch import Job, Launch
 
-        argv = [a for a in sys.argv[1:]]
-        i = argv.index("--nproc") if "--nproc" in argv else None
-        if i is not None:
-            del argv[i:i + 2]
-        argv = [a for a in argv if not a.startswith("--nproc=")]
-        return Launch(Job(cmd=["python", "-m", "mindstep", *argv], nproc=args.nproc,
-                          log_dir=os.path.join(args.out, "logs"))).run()
+        # every worker trains the config resolved here, not its own re-parse of the command line
+        os.makedirs(args.out, exist_ok=True)
+        resolved = os.path.join(args.out, "launch.yaml")
+        with open(resolved, "w") as fh:
+            fh.write(config.dump(cfg))
+        cmd = ["python", "-m", "mindstep", "train", "--config", resolved, "--out", args.out] + (
+            ["--json", args.json] if args.json else []) + (["--resume"] if args.resume else [])
+        return Launch(Job(cmd=cmd, nproc=args.nproc, log_dir=os.path.join(args.out, "logs"))).run()
     from .dist import context
     from .train import loop
 

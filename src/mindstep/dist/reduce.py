@@ -66,6 +66,6 @@ def resolve(reduce):
     return ("mean" if reduce == "auto" else reduce), world
 
 
-def stage(params, reduce) -> nn.Cell:
-    mode, world = resolve(reduce)
+def stage(params, mode, world: int) -> nn.Cell:
+    """The stage for a `resolve`d `(mode, world)`."""
     return NoReduce() if mode is None else Reduce(params, mode, world)

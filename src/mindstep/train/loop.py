@@ -215,7 +215,7 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
                 record({"batch": done, "loss": loss, "lr": float(m["lr"]) if "lr" in m else None,
                         "applied": bool(m["applied"]), "samples_per_s": rate, "data_wait_share": wait / (wait + busy)})
                 window_t, window_n = now, 0
-            bar.update(done, loss, wait / max(wait + busy, 1e-9), busy + wait)
+            bar.update(done, loss, wait / max(wait + busy, 1e-9))
             if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
                 record({"batch": done, "eval": _evaluate(step, recipe, ema)})
             if done % cfg.train.save_every == 0 or done == cfg.train.steps:
@@ -254,7 +254,7 @@ class _Progress:
         self.task = self.bar.add_task("train", total=total, completed=start, loss="-", wait="-")
         self.bar.start()
 
-    def update(self, done, loss, wait_share, _elapsed):
+    def update(self, done, loss, wait_share):
         if self.bar is not None:
             self.bar.update(self.task, completed=done, loss=f"{loss:.4f}", wait=f"{wait_share:.0%}")
 
