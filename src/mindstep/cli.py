@@ -133,30 +133,17 @@ def _cmd_demo(args) -> int:
 
 def _cmd_bench_dp(args) -> int:
     """`bench --nproc N`: a single-process baseline, then N workers under `mindstep launch`."""
-    import subprocess
-    import tempfile
-
     from . import _cpu
     from .bench import dp
-    from .dist.launch import Job, Launch
 
-    work = tempfile.mkdtemp(prefix="mindstep-bench-dp-")
     flags = ["--model", args.model, "--image-size", str(args.image_size), "--seq-len", str(args.seq_len),
              "--steps", str(args.steps), "--warmup", str(args.warmup)] + (
         ["--batch-size", str(args.batch_size)] if args.batch_size else [])
-    base_json, dp_json = os.path.join(work, "baseline.json"), os.path.join(work, "ranks.json")
-    done = subprocess.run([sys.executable, "-m", "mindstep.bench.dp", *flags, "--json", base_json])
-    if done.returncode != 0:
-        print("mindstep bench: the single-process baseline failed (see above)", file=sys.stderr)
+    try:
+        rows, baseline = dp.run_nproc(flags, args.nproc)
+    except RuntimeError as err:
+        print(f"mindstep bench: {err}", file=sys.stderr)
         return 1
-    code = Launch(Job(cmd=["python", "-m", "mindstep.bench.dp", *flags, "--json", dp_json], nproc=args.nproc,
-                      log_dir=os.path.join(work, "logs"))).run()
-    if code != 0:
-        return code
-    with open(base_json) as fh:
-        baseline = json.load(fh)[0]
-    with open(dp_json) as fh:
-        rows = json.load(fh)
     cpu = _cpu.describe()
     print(dp.report(args.model, rows, baseline, _cpu.summary(cpu)))
     if args.json:

@@ -87,6 +87,29 @@ def main(argv=None) -> int:
     return 0
 
 
+def run_nproc(flags: list, nproc: int) -> tuple[list, dict]:
+    """`(per-rank rows, baseline row)`: this module once in a plain process, then on `nproc`
+    workers under `mindstep launch`, both with the worker `flags` (`--model`, `--steps`, ...)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from ..dist.launch import Job, Launch
+
+    work = tempfile.mkdtemp(prefix="mindstep-bench-dp-")
+    base_json, dp_json = os.path.join(work, "baseline.json"), os.path.join(work, "ranks.json")
+    if subprocess.run([sys.executable, "-m", "mindstep.bench.dp", *flags, "--json", base_json]).returncode != 0:
+        raise RuntimeError("the single-process baseline failed (see above)")
+    code = Launch(Job(cmd=["python", "-m", "mindstep.bench.dp", *flags, "--json", dp_json], nproc=nproc,
+                      log_dir=os.path.join(work, "logs"))).run()
+    if code != 0:
+        raise RuntimeError(f"the {nproc}-worker run failed (status {code}; see above)")
+    with open(base_json) as fh:
+        baseline = json.load(fh)[0]
+    with open(dp_json) as fh:
+        return json.load(fh), baseline
+
+
 def report(model: str, rows: list, baseline: dict, cpu: str) -> str:
     """The table `mindstep bench --nproc N` prints."""
     n = len(rows)

@@ -100,6 +100,11 @@ class Batches:
             raise ValueError(f"data.batch_size={batch_size} x {_dist.world_size()} rank(s) is more than the "
                              f"{n} training samples; lower data.batch_size")
 
+    @classmethod
+    def of(cls, cfg, recipe) -> "Batches":
+        """The recipe's training batches under `cfg.data`."""
+        return cls(recipe.columns(), recipe.epoch, cfg.data.batch_size, cfg.data.workers, cfg.data.seed)
+
     def _epoch(self, epoch: int, skip: int):
         import mindspore.dataset as ds
 
@@ -192,8 +197,7 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
     ema = cfg.step.ema is not None
     if start == 0:
         record({"batch": 0, "eval": _evaluate(step, recipe, ema)})
-    data = Batches(recipe.columns(), recipe.epoch, cfg.data.batch_size, cfg.data.workers, cfg.data.seed)
-    batches = data.from_batch(start)
+    batches = Batches.of(cfg, recipe).from_batch(start)
     wait = busy = 0.0
     window_t, window_n, loss = time.perf_counter(), 0, float("nan")
     bar = _Progress(cfg.train.steps, start, enabled=progress and main)

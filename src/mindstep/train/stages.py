@@ -67,7 +67,7 @@ def run_stage(recipe_name: str, stage: int, steps: int, eval_every: int, workdir
     recipe = recipes.build(cfg, workdir)
     metric, target = recipes.TARGETS[recipe_name]
     net, step, _ = build_step(cfg, recipe)
-    data = Batches(recipe.columns(), recipe.epoch, cfg.data.batch_size, cfg.data.workers, cfg.data.seed).from_batch(0)
+    data = Batches.of(cfg, recipe).from_batch(0)
     times, train_s, reached, last_eval = [], 0.0, None, None
     for i in range(steps):
         batch = next(data)
