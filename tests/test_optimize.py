@@ -357,6 +357,7 @@ import numpy as np, mindspore as ms, psutil
 from mindspore import nn
 from mindstep._compile import graph_mode
 from mindstep.optimize.conv import GemmConv2d
+sys.modules["mindstep.optimize.conv"]._ORDERED_BPROP = sys.argv[7] == "ordered"
 n_layers, form, stride, hw, ch, batch = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
                                          int(sys.argv[5]), int(sys.argv[6]))
 convs = [nn.Conv2d(ch, ch, 3, stride, pad_mode="pad", padding=1, has_bias=False) for _ in range(n_layers)]
@@ -379,39 +380,55 @@ print(json.dumps((psutil.Process().memory_info().rss - before) / 2**20))
 """
 
 
-@pytest.mark.parametrize("form, stride, hw, channels, batch, at_most", [
-    # stride 1: 0.08 and 0.06 measured; 0.23 and 0.49 without the bprop's ordering dependences
-    # (0.97 for the first while the form used Transpose)
-    ("one-gemm", 1, 8, 64, 256, 0.15), ("batched", 1, 32, 64, 16, 0.15),
-    ("batched", 2, 32, 32, 64, 1.1), ("one-gemm+phases", 2, 32, 32, 64, 1.1)])
-def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch,
-                                                                     at_most):
-    """The budget rests on `decide.extra_mb` bounding what a composed layer adds to a step: MindSpore
-    2.10 does not free all of a custom-bprop layer's temporaries between layers. Measured here, the
-    growth from 1 to 3 chained layers stays under the estimate for layers 2 and 3 (36 of 473 MB for
-    the one-gemm stride-1 chain, 15 of 246 MB for the batched one, 39 of 89 MB for the batched
-    stride-2 chain, 56 of 137 MB with stride phases). The stride-1 rows also guard `_ConvFn.bprop`'s
-    ordering dependences: without them the first two kept 108 and 120 MB (and the first 457 MB while
-    the form used `Transpose`)."""
+def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered"):
+    """MB that a chain of 3 composed layers keeps over a chain of 1, each measured in a fresh process."""
     import subprocess
     import sys
-
-    from mindstep.optimize.decide import config_mb, extra_mb
 
     script = tmp_path / "retained.py"
     script.write_text(_RETAINED)
     grow = {}
     for layers in (1, 3):
         out = subprocess.run([sys.executable, str(script), str(layers), form, str(stride), str(hw), str(channels),
-                              str(batch)],
+                              str(batch), order],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         grow[layers] = json.loads(out.stdout.strip().splitlines()[-1])
+    return grow[3] - grow[1]
+
+
+@pytest.mark.parametrize("form, stride, hw, channels, batch, at_most", [
+    ("one-gemm", 1, 8, 64, 256, 1.0), ("batched", 1, 32, 64, 16, 1.0),
+    ("batched", 2, 32, 32, 64, 1.1), ("one-gemm+phases", 2, 32, 32, 64, 1.1)])
+def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch,
+                                                                     at_most):
+    """The budget rests on `decide.extra_mb` bounding what a composed layer adds to a step: MindSpore
+    2.10 does not free all of a custom-bprop layer's temporaries between layers. Measured on an AMD
+    EPYC (AVX2, AVX-512F), the growth from 1 to 3 chained layers stays under the estimate for layers
+    2 and 3 (36 of 473 MB for the one-gemm stride-1 chain, 16 of 246 MB for the batched one (39 on a
+    CI machine), 39 of 89 MB for the batched stride-2 chain, 56 of 137 MB with stride phases)."""
+    from mindstep.optimize.decide import config_mb, extra_mb
+
+    grow = _chain_growth(tmp_path, form, stride, hw, channels, batch)
     conv = nn.Conv2d(channels, channels, 3, stride, pad_mode="pad", padding=1)
     # layers 2 and 3 see new input sizes: with a stride, each is a configuration of its own
     estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) +
                    (config_mb(conv, form, (hw // stride ** i,) * 2) if stride > 1 else 0.0) for i in (1, 2))
-    assert grow[3] - grow[1] <= at_most * estimate, (grow, estimate)
+    assert grow <= at_most * estimate, (grow, estimate)
+
+
+@pytest.mark.parametrize("form, hw, batch", [("one-gemm", 8, 256), ("batched", 32, 16)])
+def test_bprop_ordering_frees_each_layers_columns_before_the_next(tmp_path, form, hw, batch):
+    """`_ConvFn.bprop`'s two ordering dependences keep a layer's backward temporaries from outliving
+    it. Compared in one run, on the machine the test runs on: without them the two layers added to
+    the chain keep at least one layer's columns more (the im2col matrix, 9x the layer's input: 36 MB
+    at both sizes). Measured on an AMD EPYC (AVX2, AVX-512F): growth 36 vs 109 MB (one-gemm) and 16
+    vs 84 MB (batched), with vs without them; the first was 457 MB while the form used Transpose."""
+    channels = 64
+    ordered = _chain_growth(tmp_path, form, 1, hw, channels, batch)
+    unordered = _chain_growth(tmp_path, form, 1, hw, channels, batch, order="unordered")
+    columns_mb = batch * channels * 9 * hw * hw * 4 / 2**20
+    assert unordered - ordered >= columns_mb, (ordered, unordered, columns_mb)
 
 
 @pytest.mark.parametrize("form", ["batched", "one-gemm", "one-gemm+phases"])

@@ -35,6 +35,9 @@ _SUM = ops.ReduceSum()
 _SLICE = ops.Slice()
 _MM_TN = ops.MatMul(transpose_a=True)
 _BMM_TN = ops.BatchMatMul(transpose_a=True)
+# `_ConvFn.bprop`'s two ordering dependences (see there). Read when a graph is compiled; only the
+# memory test turns them off, to measure what they save on the machine it runs on.
+_ORDERED_BPROP = True
 
 
 def forms_for(conv) -> tuple:
@@ -333,7 +336,8 @@ class _ConvFn(nn.Cell):
         # Measured (`mindstep bench --opt-memory-budget none`, every conv composed): rrdbnet 1101 MB
         # peak, 266 over native jit, -> 822 (native 835); a chain of three batched 3x3 layers grew
         # 120 MB over one layer, now 16 (native convolutions: 50).
-        x = ops.depend(x, dout)
+        if _ORDERED_BPROP:
+            x = ops.depend(x, dout)
         cols = _RESHAPE(self.im2col(self._pre(x)), (n, -1, l))
         if self.one_gemm:
             # one GEMM over the whole batch: dY(K, N*L) @ cols(C*k*k, N*L)^T. Its temporaries are the
@@ -345,7 +349,8 @@ class _ConvFn(nn.Cell):
             # materialised transposes of the (large) column matrix (best at large spatial sizes)
             dw = _SUM(_BMM_NT(_RESHAPE(dout, (n, k, l)), cols), 0)
         dw = _RESHAPE(dw, w.shape)
-        dout = ops.depend(dout, dw)  # (2): the input gradient starts once the columns are consumed
+        if _ORDERED_BPROP:
+            dout = ops.depend(dout, dw)  # (2): the input gradient starts once the columns are consumed
         if self.by_phase:
             return self._dx_by_phase(dout, w, n, c), dw
         z = dout
