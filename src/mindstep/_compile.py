@@ -137,19 +137,19 @@ def _shown(sig: tuple) -> str:
     return ", ".join(f"batch[{i}] {dtype} {shape}" for i, (shape, dtype) in enumerate(sig))
 
 
-def step_failure(error: BaseException, compiled: list, tensors) -> BaseException:
+def step_failure(error: BaseException, compiled: list, tensors, who: str = "TrainStep") -> BaseException:
     """A TypeError/ValueError for a step that MindSpore could not compile or run on this batch: what
     it got, what it was compiled for, MindSpore's one-line reason and the fix (no C++ trace)."""
     sig = signature(tensors)
     reason = _reason(error)
     if compiled and sig not in compiled:
         change = describe_change(compiled[0], sig)
-        text = (f"TrainStep: the step first ran on {_shown(compiled[0])} and got {_shown(sig)} ({change}); "
+        text = (f"{who}: the step first ran on {_shown(compiled[0])} and got {_shown(sig)} ({change}); "
                 f"it cannot run on it. MindSpore: {reason} Pass batches like the first one; a new shape that "
                 "forward accepts (a smaller last batch, another length) recompiles once.")
     else:
-        text = (f"TrainStep: the step failed on {_shown(sig)}. MindSpore: {reason} Check that forward(*batch) "
-                "takes these inputs; TrainStep(..., jit=False) runs it eagerly and shows the Python line.")
+        text = (f"{who}: the step failed on {_shown(sig)}. MindSpore: {reason} Check that forward(*batch) "
+                f"takes these inputs; {who}(..., jit=False) runs it eagerly and shows the Python line.")
     new = (TypeError if isinstance(error, TypeError) else ValueError)(text)
     new.mindspore_error = error  # the original, C++ trace included, for whoever needs it
     return new

@@ -100,7 +100,44 @@ class Counter(nn.Cell):
         return True
 
 
-class StepGraph(nn.Cell):
+class Stages(nn.Cell):
+    """Stages 7-13 for one optimizer, with its metrics: the part of the pipeline that
+    `StepGraph` and each objective of `mindstep.gan.GANStep` share. A subclass sets the stage
+    attributes (`optimizer`, `scale`, `accumulate`, `clip`, `ema`, `lr`, `guard`, `reduce`,
+    `counter`) and the two constants `identity_unscale` and `in_place`."""
+
+    def _metrics(self, loss, applied, finite, norm, lrs, flags):
+        """The flat metric tuple, in `metric_names` order."""
+        return ((loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
+                + self.lr.metrics(lrs) + self.guard.metrics(flags))
+
+    def _update(self, grads, total_weight, lrs):
+        """Stages 7-13, once per accumulation window."""
+        grads, total_weight = self.reduce(grads, total_weight)
+        if not self.identity_unscale:  # k = 1 without loss scaling: nothing to divide
+            factor = self.scale.unscale_factor() / total_weight
+            if self.in_place:
+                _map.MAP(ops.partial(_map.scale_into, factor), grads)
+            else:
+                grads = _map.MAP(ops.partial(_map.mul, factor), grads)
+        finite = self.guard.all_finite(grads)
+        norm = self.clip.norm(grads)
+        if finite:
+            grads = self.clip(grads, norm, self.in_place)
+            self.lr.assign(lrs)
+            self.optimizer(grads)
+            self.ema.update()
+            self.counter.increment()
+        # `finite` threads through `record`: a stage call whose result is dropped made MindSpore 2.10
+        # mis-compile the step (a float64 `Tensor(True)`, or `_all_finite` run as nested Python)
+        finite = self.guard.record(finite)
+        self.scale.adjust(finite)
+        self.accumulate.reset()
+        # as a tensor: without a finite check `finite` is the Python constant True
+        return ops.logical_and(ms.Tensor(True), finite), norm
+
+
+class StepGraph(Stages):
     """The canonical pipeline (see the module docstring), composed from stage Cells."""
 
     PARTS = ("full", "micro", "update")
@@ -167,33 +204,3 @@ class StepGraph(nn.Cell):
         # Returning the aux dict itself makes MindSpore 2.10 compile ~3x slower (ResNet-18: 8.7 s vs
         # 3.0 s); its values and its (constant) keys as two tuples compile at the normal speed.
         return metrics, tuple(parts.values()) + tuple(aux.values()), tuple(parts.keys()) + tuple(aux.keys())
-
-    def _metrics(self, loss, applied, finite, norm, lrs, flags):
-        """The flat metric tuple, in `metric_names` order."""
-        return ((loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
-                + self.lr.metrics(lrs) + self.guard.metrics(flags))
-
-    def _update(self, grads, total_weight, lrs):
-        """Stages 7-13, once per accumulation window."""
-        grads, total_weight = self.reduce(grads, total_weight)
-        if not self.identity_unscale:  # k = 1 without loss scaling: nothing to divide
-            factor = self.scale.unscale_factor() / total_weight
-            if self.in_place:
-                _map.MAP(ops.partial(_map.scale_into, factor), grads)
-            else:
-                grads = _map.MAP(ops.partial(_map.mul, factor), grads)
-        finite = self.guard.all_finite(grads)
-        norm = self.clip.norm(grads)
-        if finite:
-            grads = self.clip(grads, norm, self.in_place)
-            self.lr.assign(lrs)
-            self.optimizer(grads)
-            self.ema.update()
-            self.counter.increment()
-        # `finite` threads through `record`: a stage call whose result is dropped made MindSpore 2.10
-        # mis-compile the step (a float64 `Tensor(True)`, or `_all_finite` run as nested Python)
-        finite = self.guard.record(finite)
-        self.scale.adjust(finite)
-        self.accumulate.reset()
-        # as a tensor: without a finite check `finite` is the Python constant True
-        return ops.logical_and(ms.Tensor(True), finite), norm

@@ -69,7 +69,9 @@ def state(step) -> dict:
 
 
 def settings(step) -> dict:
-    """The `TrainStep` settings, as JSON values (repr for objects)."""
+    """The `TrainStep` settings, as JSON values (repr for objects); a `GANStep` gives its own."""
+    if hasattr(step, "settings"):
+        return step.settings()
     scaler = step.loss_scaler
     if scaler is None:
         scale = None
@@ -288,7 +290,7 @@ def _differences(step, manifest: dict, params: dict) -> tuple[list, list]:
     """(problems, names that fit) between the step and a checkpoint's manifest."""
     problems = []
     mine, theirs = settings(step), manifest.get("settings", {})
-    for key in STRUCTURAL:
+    for key in getattr(step, "STRUCTURAL", STRUCTURAL):
         if mine.get(key) != theirs.get(key):
             problems.append(f"setting {key}: the step has {mine.get(key)!r}, the checkpoint {theirs.get(key)!r}")
     saved = {t["name"]: t for t in manifest["tensors"]}
