@@ -1,6 +1,7 @@
 """Composed-operator pass: every rewritten layer equals nn.Conv2d (forward, input/weight/bias
 gradients); a rewritten net trains like the native one; decisions are measured and cached;
 Parameters keep their identity, order and names."""
+import contextlib
 import json
 
 import mindspore as ms
@@ -456,3 +457,22 @@ def test_composed_convs_follow_the_mixed_precision_of_the_layers_they_replace(fo
         if opts:
             assert any(r["choice"] != "native" for r in step.optimize_report)
     np.testing.assert_allclose(losses["composed"], losses["native"], rtol=2e-2)
+
+
+@pytest.mark.parametrize("mode", [ms.PYNATIVE_MODE, ms.GRAPH_MODE])
+def test_a_composed_layer_runs_the_native_one_at_another_input_size(mode):
+    """Composed forms are built for the training input's size; evaluating on whole images (the
+    esrgan recipe: 75x112 after 16x16 training crops) failed with 'For MatMulExt op, shape1[-1]
+    must be equal to shape2[-2]'. Another spatial size runs the replaced native layer."""
+    from mindstep._compile import graph_mode
+    from mindstep.optimize.conv import GemmConv2d
+
+    conv = nn.Conv2d(3, 8, 3, pad_mode="same", has_bias=True)
+    layer = GemmConv2d(conv, (8, 8), "batched")
+    assert len(list(layer.get_parameters())) == 2  # the native layer's Parameters are not listed twice
+    rng = np.random.default_rng(0)
+    for shape in ((2, 3, 12, 10), (2, 3, 8, 8)):
+        x = ms.Tensor(rng.standard_normal(shape).astype(np.float32))
+        with graph_mode() if mode == ms.GRAPH_MODE else contextlib.nullcontext():
+            got = layer(x).asnumpy()
+        np.testing.assert_allclose(got, conv(x).asnumpy(), atol=1e-5)

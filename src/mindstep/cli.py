@@ -73,7 +73,10 @@ def _cmd_train(args) -> int:
         if args.data is not None:
             overrides.append(f"data.path={args.data}")
         cfg = config.resolve(recipes.defaults(name), user, overrides)
-        recipes.build(cfg)  # the recipe's own keys (model:) are checked before anything trains
+        if args.phase is not None:
+            config.phase(cfg, args.phase)
+        for each in [config.phase(cfg, p) for p in cfg.phases] or [cfg]:
+            recipes.build(each)  # the recipe's own keys (model:) are checked before anything trains
     except config.ConfigError as err:
         print(f"mindstep train: {err}", file=sys.stderr)
         return 2
@@ -97,15 +100,20 @@ def _cmd_train(args) -> int:
     context.init_distributed()
     out = args.out
     try:
-        summary = loop.run(cfg, out, resume=args.resume, json_path=args.json, progress=sys.stderr.isatty())
+        summary = loop.run(cfg, out, resume=args.resume, json_path=args.json, progress=sys.stderr.isatty(),
+                           phase=args.phase)
     except (ValueError, config.ConfigError) as err:
         print(f"mindstep train: {err}", file=sys.stderr)
         return 2
     if context.is_main():
-        ev = summary["eval"]
-        print(f"{cfg.recipe}: {summary['steps']} batches, final loss {summary['final_loss']:.4f}, "
-              f"{summary['samples_per_s']:.1f} samples/s, data wait {summary['data_wait_share']:.0%}; "
-              + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()) + f"; checkpoint {summary['checkpoint']}")
+        for label, each in (summary.get("phases") or {"": summary}).items():
+            ev = each["eval"]
+            print(f"{cfg.recipe}{' ' + label if label else ''}: {each['steps']} batches, final loss "
+                  f"{each['final_loss']:.4f}, {each['samples_per_s']:.1f} samples/s, data wait "
+                  f"{each['data_wait_share']:.0%}; " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items())
+                  + f"; checkpoint {each['checkpoint']}")
+            for note in each.get("notes", []):
+                print(f"  note: {note}")
     return 0
 
 
@@ -412,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "before anything is built) with mindstep's compiled step: a progress bar, metrics.jsonl, "
                 "evaluation every train.eval_every batches, checkpoints every train.save_every, --resume from "
                 "the newest complete checkpoint at the right batch, curves.png and a --json summary.")
-    p.add_argument("--recipe", help="a packaged recipe: resnet, bert")
+    p.add_argument("--recipe", help="a packaged recipe: resnet, bert, esrgan")
     p.add_argument("--config", metavar="FILE", help="a YAML config (its `recipe:` names the recipe)")
     p.add_argument("--steps", type=_positive, help="the same as train.steps=N")
     p.add_argument("--data", metavar="PATH", help="your data instead of the recipe's default (data.path=PATH)")
@@ -420,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the summary here")
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out")
     p.add_argument("--nproc", type=_positive, default=1, help="data-parallel workers (mindstep launch)")
+    p.add_argument("--phase", help="run only this phase of a config with phases: (esrgan: pretrain, gan)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and stop")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=3e-4 step.accumulate=4")
     p.set_defaults(func=_cmd_train)

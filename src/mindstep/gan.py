@@ -235,6 +235,8 @@ class GANStep:
             set one.
         jit, name: as for `TrainStep`; the step's Parameters are named ``<name>.d.*``,
             ``<name>.g.*`` and ``<name>.iteration``.
+        optimize: the composed-operator pass over both networks (`TrainStep(optimize=)`), run at
+            the first call before anything compiles.
 
     Returns:
         A callable: ``step(*batch) -> dict`` of metrics named per objective: ``loss/d``,
@@ -256,7 +258,7 @@ class GANStep:
                  d_optimizer: Any, g_optimizer: Any, *, g_inputs: int = 1, order: str = "d_first",
                  d_steps_per_g: int = 1, g_warmup: int = 0, d_options: dict | None = None,
                  g_options: dict | None = None, precision: Any = "O0", keep_fp32=(), jit: bool = True,
-                 compiler: str = "cell", name: str = "gan", reduce: str | None = "auto"):
+                 compiler: str = "cell", name: str = "gan", reduce: str | None = "auto", optimize: Any = False):
         for arg, net in (("generator", generator), ("discriminator", discriminator)):
             if not isinstance(net, nn.Cell):
                 raise bad_type(arg, net, "a mindspore.nn.Cell", f"Pass your {arg} network instance.")
@@ -278,6 +280,9 @@ class GANStep:
                                        fix="Pass e.g. d_steps_per_g=5 for five D updates per G update.")
         self.g_warmup = check_int("g_warmup", g_warmup, minimum=0, fix="Pass 0 (no warm-up) or a number of iterations.")
         check_bool("jit", jit)
+        from .step import _check_optimize
+
+        optimize = _check_optimize(optimize)
         check_choice("compiler", compiler, _compile.COMPILERS, "Use 'cell' (default) or 'function'.")
         if not isinstance(name, str) or not name.isidentifier():
             raise bad_value("name", name, "a Python identifier such as 'gan'", "Pick a short prefix.")
@@ -317,9 +322,11 @@ class GANStep:
         self._names = {o: [p.name for p in self.optimizers[o].parameters] for o in OBJECTIVES}
         self._groups = {o: {n: label for label, names in _groups.labelled_groups(self.optimizers[o]) for n in names}
                         for o in OBJECTIVES}
+        self._losses = (d_loss, g_loss)
         # what the checkpoint and the train loop read off a step
-        self.optimize = None
+        self.optimize = optimize
         self.optimize_report = None
+        self.optimize_budget_mb = None
         self.accumulate = 1
 
     def _train_mode(self) -> None:
@@ -363,7 +370,8 @@ class GANStep:
         """The step's settings as JSON values (the checkpoint manifest's)."""
         out = {"kind": "GANStep", "name": self.name, "jit": self.jit, "compiler": self.compiler,
                "order": self.order, "d_steps_per_g": self.d_steps_per_g, "g_warmup": self.g_warmup,
-               "g_inputs": self.g_inputs, "precision": str(self.precision.level)}
+               "g_inputs": self.g_inputs, "precision": str(self.precision.level),
+               "optimize": None if self.optimize is None else {k: v for k, v in self.optimize.items() if k != "force"}}
         for o in OBJECTIVES:
             opts = self.options[o]
             scaler = opts["loss_scale"]
@@ -396,6 +404,24 @@ class GANStep:
         with stage.swapped():
             yield
 
+    def _optimize(self, tensors) -> None:
+        """The composed-operator pass over both networks, before the first compile; the probe runs
+        the generator and both losses once, so every conv of either network meets its input."""
+        from .optimize.pass_ import run_pass
+
+        d_loss, g_loss = self._losses
+
+        def probe():
+            fake = self.generator(*tensors[:self.g_inputs])
+            d_loss(ops.stop_gradient(fake), *tensors)
+            return g_loss(fake, *tensors)
+
+        opts = self.optimize
+        self.optimize_report, self.optimize_budget_mb = run_pass(
+            self.nets, probe, memory_budget_mb=opts.get("memory_budget_mb", "auto"),
+            native_peak_mb=opts.get("native_peak_mb"), cache_dir=opts.get("cache_dir"),
+            measure=opts.get("measure", True), inputs=tensors, force=opts.get("force"))
+
     def _runner(self, phase: str) -> _compile.Runner:
         if phase not in self._runners:
             self._runners[phase] = _compile.Runner(self._graphs[phase], **self._runner_args)
@@ -407,6 +433,8 @@ class GANStep:
                              f"g_inputs={self.g_inputs}; call it with every tensor the losses take, e.g. step(lr, hr).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
         self._train_mode()
+        if self.optimize is not None and self.optimize_report is None:
+            self._optimize(tensors)
         phase = self.phase(self._iteration)
         runner = self._runner(phase)
         try:

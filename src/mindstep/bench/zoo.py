@@ -117,10 +117,14 @@ class RRDB(nn.Cell):
 
 
 class RRDBNet(nn.Cell):
-    """ESRGAN's generator: conv, RRDB trunk, conv, x2 nearest upsampling + conv, output conv."""
+    """ESRGAN's generator: conv, RRDB trunk, conv, x2 nearest upsampling + conv (once per factor of
+    2 in `scale`: 2 or 4), then conv and output conv."""
 
-    def __init__(self, nf=32, nb=2, gc=16):
+    def __init__(self, nf=32, nb=2, gc=16, scale=2):
         super().__init__()
+        if scale not in (2, 4):
+            raise ValueError(f"RRDBNet scale must be 2 or 4, got {scale!r}")
+        self.up2 = nn.Conv2d(nf, nf, 3, pad_mode="same", has_bias=True) if scale == 4 else None
         self.first = nn.Conv2d(3, nf, 3, pad_mode="same", has_bias=True)
         self.trunk = nn.SequentialCell([RRDB(nf, gc) for _ in range(nb)])
         self.trunk_conv = nn.Conv2d(nf, nf, 3, pad_mode="same", has_bias=True)
@@ -135,6 +139,9 @@ class RRDBNet(nn.Cell):
         n, c, h, w = fea.shape
         fea = ops.interpolate(fea, size=(h * 2, w * 2), mode="nearest")
         fea = self.act(self.up(fea))
+        if self.up2 is not None:
+            fea = ops.interpolate(fea, size=(h * 4, w * 4), mode="nearest")
+            fea = self.act(self.up2(fea))
         return self.last(self.act(self.hr(fea)))
 
 

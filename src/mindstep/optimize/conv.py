@@ -428,7 +428,8 @@ def single_tap(conv: nn.Conv2d, input_hw) -> int | None:
 
 
 class GemmConv2d(nn.Cell):
-    """Drop-in for an `nn.Conv2d` at one input size: the same Parameter objects, GEMM arithmetic.
+    """Drop-in for an `nn.Conv2d` at one input size: the same Parameter objects, GEMM arithmetic;
+    an input of another spatial size runs the native layer it replaced.
 
     Stride-1 1x1 convolutions become a plain matmul ("batched": the kernel broadcast over the batch;
     "one-gemm": one GEMM over the batch folded next to the positions, which at ResNet-50's 1x1 and
@@ -454,6 +455,11 @@ class GemmConv2d(nn.Cell):
         if precision:
             self.add_flags_recursive(**precision)
         self.weight = conv.weight
+        # the layer it replaces, for inputs of another size (evaluation on whole images, a last
+        # smaller batch is fine: only the spatial size is fixed); kept out of the Cell tree, so its
+        # (shared) Parameters are not listed twice
+        object.__setattr__(self, "_native", conv)
+        self.input_hw = tuple(int(v) for v in input_hw)
         self.has_bias = conv.has_bias
         if conv.has_bias:
             self.bias = conv.bias
@@ -471,6 +477,8 @@ class GemmConv2d(nn.Cell):
             form.endswith("+phases"))
 
     def construct(self, x):
+        if x.shape[2:] != self.input_hw:  # a Python constant in a graph: no branch is compiled
+            return self._native(x)
         # mixed precision: MindSpore casts the flagged Cell's inputs, not the Parameters this one
         # reads itself; the weights follow the input's dtype here, as native Conv2D's do (a Python
         # constant comparison: nothing is added in float32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -77,6 +77,9 @@ class Config(_Section):
     schedule: Schedule = Field(default_factory=Schedule)
     step: Step = Field(default_factory=Step)
     train: Train = Field(default_factory=Train)
+    phases: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="named phases run in order, each a partial config merged onto this one")
+    _overrides: tuple = PrivateAttr(default=())  # the key=value overrides, applied again over each phase
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -141,9 +144,7 @@ def merge(base: dict, override: dict) -> dict:
     return out
 
 
-def resolve(recipe_yaml: dict, user: dict | None = None, overrides=()) -> Config:
-    """The recipe's defaults, then the user's file, then `key=value` overrides; validated."""
-    data = merge(recipe_yaml, user or {})
+def _override(data: dict, overrides) -> dict:
     for text in overrides:
         path, value = parse_override(text)
         node = data
@@ -152,10 +153,40 @@ def resolve(recipe_yaml: dict, user: dict | None = None, overrides=()) -> Config
                 raise ConfigError(f"override {text!r}: {part} is a value, not a section")
             node = node.setdefault(part, {})
         node[path[-1]] = value
+    return data
+
+
+def resolve(recipe_yaml: dict, user: dict | None = None, overrides=()) -> Config:
+    """The recipe's defaults, then the user's file, then `key=value` overrides; validated."""
+    data = _override(merge(recipe_yaml, user or {}), overrides)
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+    cfg._overrides = tuple(overrides)
+    for name in cfg.phases:  # every phase is checked before anything trains
+        phase(cfg, name)
+    return cfg
+
+
+def phase(cfg: Config, name: str) -> Config:
+    """The config of phase `name`: its partial config merged onto the rest, then the command
+    line's `key=value` overrides, with `model.phase` set to the phase's name, and no phases."""
+    if name not in cfg.phases:
+        raise ConfigError(f"--phase {name!r}: this config has the phases {', '.join(cfg.phases) or '(none)'}; "
+                          "pick one of them, or leave --phase out to run them all in order")
+    base = cfg.model_dump()
+    base.pop("phases")
+    part = cfg.phases[name]
+    if not isinstance(part, dict) or "phases" in part or "recipe" in part:
+        raise ConfigError(f"phases.{name}: a partial config (sections such as optim:, train:, model:) without "
+                          "recipe: or phases: of its own")
+    data = _override(merge(base, part), cfg._overrides)  # the command line's overrides win over the phase's
+    data["model"] = {**data.get("model", {}), "phase": name}
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_explain(err)) from None
+        raise ConfigError("\n".join(f"phases.{name}.{line}" for line in _explain(err).splitlines())) from None
 
 
 def load_yaml(path: str) -> dict:

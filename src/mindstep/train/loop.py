@@ -79,11 +79,18 @@ def build_step(cfg, recipe):
     net = recipe.build()
     recomputed = apply_recompute(net, cfg.step.recompute)
     s = cfg.step
-    step = TrainStep(recipe.forward(), _optimizer(cfg, net), jit=s.jit, precision=s.precision,
-                     keep_fp32=list(s.keep_fp32), loss_scale=s.loss_scale, accumulate=s.accumulate,
-                     normalize=s.normalize, clip_grad_norm=s.clip_grad_norm, clip_grad_value=s.clip_grad_value,
-                     ema=s.ema, on_nonfinite=s.on_nonfinite, optimize=s.optimize, lr_schedule=_schedule(cfg),
-                     losses=_losses.weighted(s.losses) if s.losses else None, nets=[net])
+    optimizer = _optimizer(cfg, net)
+    make = getattr(recipe, "make_step", None)  # a recipe's own step (the esrgan recipe's GANStep)
+    step = make(cfg, optimizer, dict(jit=s.jit, precision=s.precision, loss_scale=s.loss_scale,
+                                     clip_grad_norm=s.clip_grad_norm, clip_grad_value=s.clip_grad_value, ema=s.ema,
+                                     on_nonfinite=s.on_nonfinite, lr_schedule=_schedule(cfg),
+                                     optimize=s.optimize)) if make else None
+    if step is None:
+        step = TrainStep(recipe.forward(), optimizer, jit=s.jit, precision=s.precision,
+                         keep_fp32=list(s.keep_fp32), loss_scale=s.loss_scale, accumulate=s.accumulate,
+                         normalize=s.normalize, clip_grad_norm=s.clip_grad_norm, clip_grad_value=s.clip_grad_value,
+                         ema=s.ema, on_nonfinite=s.on_nonfinite, optimize=s.optimize, lr_schedule=_schedule(cfg),
+                         losses=_losses.weighted(s.losses) if s.losses else None, nets=[net])
     return net, step, recomputed
 
 
@@ -92,8 +99,9 @@ class Batches:
     workers, prefetch), sharded across data-parallel ranks, from any batch index on. `arrays(epoch)`
     gives the epoch's columns (a recipe may re-mask or re-crop them per epoch, deterministically)."""
 
-    def __init__(self, columns, arrays, batch_size: int, workers: int, seed: int):
+    def __init__(self, columns, arrays, batch_size: int, workers: int, seed: int, transform=None):
         self.columns, self.arrays, self.batch_size, self.workers, self.seed = columns, arrays, batch_size, workers, seed
+        self.transform = transform  # (per-sample function, input columns, output columns), run by the workers
         n = len(arrays(0)[0])
         self.per_epoch = n // (batch_size * _dist.world_size())
         if self.per_epoch == 0:
@@ -103,7 +111,8 @@ class Batches:
     @classmethod
     def of(cls, cfg, recipe) -> "Batches":
         """The recipe's training batches under `cfg.data`."""
-        return cls(recipe.columns(), recipe.epoch, cfg.data.batch_size, cfg.data.workers, cfg.data.seed)
+        transform = recipe.transform() if hasattr(recipe, "transform") else None
+        return cls(recipe.columns(), recipe.epoch, cfg.data.batch_size, cfg.data.workers, cfg.data.seed, transform)
 
     def _epoch(self, epoch: int, skip: int):
         import mindspore.dataset as ds
@@ -112,6 +121,10 @@ class Batches:
         order = np.random.default_rng(self.seed + epoch).permutation(len(arrays[0]))
         data = ds.NumpySlicesDataset({k: v[order] for k, v in zip(self.columns, arrays)}, shuffle=False,
                                      num_parallel_workers=self.workers, **_dist.shard_args())
+        if self.transform is not None:
+            fn, inputs, outputs = self.transform
+            data = data.map(fn, input_columns=list(inputs), output_columns=list(outputs),
+                            num_parallel_workers=self.workers)
         data = data.batch(self.batch_size, drop_remainder=True, num_parallel_workers=self.workers)
         if skip:
             data = data.skip(skip)
@@ -160,8 +173,29 @@ def _plot(records, path, metric):
     plt.close(fig)
 
 
-def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, progress: bool = True) -> dict:
-    """Train `cfg` into the folder `out`; returns the summary."""
+def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, progress: bool = True,
+        phase: str | None = None) -> dict:
+    """Train `cfg` into the folder `out`; returns the summary. A config with `phases:` runs each
+    phase (or only `phase`) in order into `out/<phase>`, and the summary has one entry per phase."""
+    from .config import phase as _phase
+
+    if not cfg.phases:
+        if phase is not None:
+            raise ValueError(f"--phase {phase!r}: the {cfg.recipe} config has no phases; leave --phase out")
+        return _run(cfg, out, resume=resume, json_path=json_path, progress=progress)
+    names = [phase] if phase is not None else list(cfg.phases)
+    summaries = {}
+    for name in names:
+        summaries[name] = _run(_phase(cfg, name), os.path.join(out, name), resume=resume, progress=progress)
+    summary = {**summaries[names[-1]], "phases": summaries}
+    if json_path and _dist.is_main():
+        with open(json_path, "w") as fh:
+            json.dump(summary, fh, indent=1)
+    return summary
+
+
+def _run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, progress: bool = True) -> dict:
+    """Train one (phase's) config into `out`."""
     from . import recipes
     from .config import dump
 
@@ -195,6 +229,10 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
             log.flush()
 
     ema = cfg.step.ema is not None
+
+    def key(name):  # a GAN step's generator metrics stand for the run's
+        return f"{name}/g" if hasattr(step, "objectives") else name
+
     if start == 0:
         record({"batch": 0, "eval": _evaluate(step, recipe, ema)})
     batches = Batches.of(cfg, recipe).from_batch(start)
@@ -208,7 +246,7 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
             batch = next(batches)
             t1 = time.perf_counter()
             m = step(*batch)
-            loss = float(m["loss"])  # synchronises: the step's time ends here
+            loss = float(m[key("loss")])  # synchronises: the step's time ends here
             t2 = time.perf_counter()
             wait, busy = wait + (t1 - t0), busy + (t2 - t1)
             window_n += 1
@@ -216,8 +254,13 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
             if done % cfg.train.log_every == 0 or done == cfg.train.steps:
                 now = time.perf_counter()
                 rate = window_n * cfg.data.batch_size * _dist.world_size() / (now - window_t)
-                record({"batch": done, "loss": loss, "lr": float(m["lr"]) if "lr" in m else None,
-                        "applied": bool(m["applied"]), "samples_per_s": rate, "data_wait_share": wait / (wait + busy)})
+                entry = {"batch": done, "loss": loss, "lr": float(m[key("lr")]) if key("lr") in m else None,
+                         "applied": bool(m.get(key("applied"), False)), "samples_per_s": rate,
+                         "data_wait_share": wait / (wait + busy)}
+                if "loss/d" in m:  # a GAN step: each objective's losses
+                    entry.update({k: float(v) for k, v in m.items() if k.startswith("loss/")})
+                    entry["applied/d"] = bool(m["applied/d"])
+                record(entry)
                 window_t, window_n = now, 0
             bar.update(done, loss, wait / max(wait + busy, 1e-9))
             if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
@@ -234,6 +277,7 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
                "samples_per_s": float(np.median([r["samples_per_s"] for r in logs])) if logs else None,
                "data_wait_share": wait / (wait + busy) if wait + busy else None, "final_loss": loss,
                "checkpoint": str(ckpt) if ckpt else None, "recompute": recomputed,
+               "notes": list(getattr(recipe, "notes", [])),
                "eval": {f"{recipe.metric}_initial": evals[0]["eval"][recipe.metric], **evals[-1]["eval"]}}
     if main:
         _plot(records, os.path.join(out, "curves.png"), recipe.metric)

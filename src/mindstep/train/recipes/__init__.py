@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 import os
 
-NAMES = ("resnet", "bert")
+NAMES = ("resnet", "bert", "esrgan")
 
 
 def defaults(name: str) -> dict:
@@ -35,6 +35,6 @@ def build(cfg, workdir=None):
 
 # the staged report (mindstep.train.stages): the quality target each stage is timed to, and the
 # Cells the recomputation stage recomputes
-TARGETS = {"resnet": ("accuracy", 0.9), "bert": ("mlm_accuracy", 0.12)}
-RECOMPUTE = {"resnet": ["blocks.?"], "bert": ["layers.?"]}
-STAGE_STEPS = {"resnet": 200, "bert": 300}
+TARGETS = {"resnet": ("accuracy", 0.9), "bert": ("mlm_accuracy", 0.12), "esrgan": ("psnr_gain", 0.0)}
+RECOMPUTE = {"resnet": ["blocks.?"], "bert": ["layers.?"], "esrgan": ["net.trunk.?"]}
+STAGE_STEPS = {"resnet": 200, "bert": 300, "esrgan": 60}
