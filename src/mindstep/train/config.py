@@ -54,7 +54,8 @@ class Step(_Section):
     clip_grad_value: Optional[float] = Field(None, gt=0)
     ema: Optional[float] = Field(None, gt=0, lt=1)
     on_nonfinite: Literal["skip", "raise", "apply"] = "skip"
-    optimize: bool = False
+    optimize: Union[bool, dict[str, Any]] = Field(
+        False, description="the composed-operator pass: true, or its settings (e.g. {memory_budget_mb: 1000})")
     losses: Optional[dict[str, float]] = Field(None, description="multi-task weights {loss name: weight}")
     recompute: list[str] = Field(default_factory=list, description="Cell name patterns recomputed in backward")
     jit: bool = True
