@@ -111,3 +111,23 @@ def test_bad_recipe_settings_are_named(tmp_path):
         config.phase(_cfg(), "finetune")
     with pytest.raises(config.ConfigError, match="vgg_weights"):
         recipes.build(config.phase(_cfg(f"model.vgg_weights={tmp_path / 'missing.ckpt'}"), "gan"))
+
+
+def test_a_folder_of_the_users_hr_images(tmp_path):
+    from PIL import Image
+
+    from mindstep.train import loop
+
+    folder = tmp_path / "hr"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(_image(i, (40, 44, 3))).save(folder / f"img{i}.png")
+    summary = loop.run(_cfg(f"data.path={folder}", "train.steps=2"), str(tmp_path / "run"), phase="pretrain",
+                       progress=False)
+    assert summary["steps"] == 2 and np.isfinite(summary["eval"]["psnr"])
+    (folder / "img1.png").unlink()
+    (folder / "img2.png").unlink()
+    from mindstep.train import config, recipes
+
+    with pytest.raises(config.ConfigError, match="at least 2"):
+        recipes.build(config.phase(_cfg(f"data.path={folder}"), "pretrain"))
