@@ -85,6 +85,8 @@ def test_gan_phase_needs_the_pretrain_checkpoint(tmp_path):
 
     with pytest.raises(ValueError, match="--phase pretrain` first"):
         loop.run(_cfg(), str(tmp_path / "fresh"), phase="gan", progress=False)
+    with pytest.raises(ValueError, match="--resume: no complete checkpoint"):
+        loop.run(_cfg(), str(tmp_path / "fresh"), resume=True, progress=False)
 
 
 def test_perceptual_loss_with_vgg_weights(tmp_path):

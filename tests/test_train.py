@@ -91,7 +91,7 @@ def test_the_run_writes_metrics_checkpoints_curves_and_the_summary(uninterrupted
     out = uninterrupted
     summary = json.loads((out / "s.json").read_text())
     assert set(summary) == {"recipe", "steps", "resumed_from", "samples_per_s", "data_wait_share", "final_loss",
-                            "checkpoint", "recompute", "eval"}
+                            "checkpoint", "recompute", "notes", "eval"}
     assert summary["recipe"] == "resnet" and summary["steps"] == 6 and 0 <= summary["data_wait_share"] <= 1
     assert set(summary["eval"]) == {"accuracy_initial", "accuracy", "accuracy_majority"}
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -92,7 +92,8 @@ def _cmd_train(args) -> int:
         with open(resolved, "w") as fh:
             fh.write(config.dump(cfg))
         cmd = ["python", "-m", "mindstep", "train", "--config", resolved, "--out", args.out] + (
-            ["--json", args.json] if args.json else []) + (["--resume"] if args.resume else [])
+            ["--json", args.json] if args.json else []) + (["--resume"] if args.resume else []) + (
+            ["--phase", args.phase] if args.phase else [])
         return Launch(Job(cmd=cmd, nproc=args.nproc, log_dir=os.path.join(args.out, "logs"))).run()
     from .dist import context
     from .train import loop

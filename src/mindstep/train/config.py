@@ -7,10 +7,11 @@ optimizer, its parameter groups and the LR schedule live under `optim:` and `sch
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -80,7 +81,6 @@ class Config(_Section):
     train: Train = Field(default_factory=Train)
     phases: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="named phases run in order, each a partial config merged onto this one")
-    _overrides: tuple = PrivateAttr(default=())  # the key=value overrides, applied again over each phase
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -157,22 +157,40 @@ def _override(data: dict, overrides) -> dict:
     return data
 
 
+def _overrides_win_over_phases(data: dict, overrides) -> None:
+    """A command-line `key=value` sets the key for every phase: the phases' own values of it go
+    (`phases.<name>.key=value` sets one phase's)."""
+    phases = data.get("phases")
+    if not isinstance(phases, dict):
+        return
+    for text in overrides:
+        path, _ = parse_override(text)
+        if path[0] == "phases":
+            continue
+        for part in phases.values():
+            node = part
+            for key in path[:-1]:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict):
+                node.pop(path[-1], None)
+
+
 def resolve(recipe_yaml: dict, user: dict | None = None, overrides=()) -> Config:
     """The recipe's defaults, then the user's file, then `key=value` overrides; validated."""
-    data = _override(merge(recipe_yaml, user or {}), overrides)
+    data = _override(copy.deepcopy(merge(recipe_yaml, user or {})), overrides)
+    _overrides_win_over_phases(data, overrides)
     try:
         cfg = Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_explain(err)) from None
-    cfg._overrides = tuple(overrides)
     for name in cfg.phases:  # every phase is checked before anything trains
         phase(cfg, name)
     return cfg
 
 
 def phase(cfg: Config, name: str) -> Config:
-    """The config of phase `name`: its partial config merged onto the rest, then the command
-    line's `key=value` overrides, with `model.phase` set to the phase's name, and no phases."""
+    """The config of phase `name`: its partial config merged onto the rest (the command line's
+    overrides already won over it, see `resolve`), with `model.phase` set to the phase's name."""
     if name not in cfg.phases:
         raise ConfigError(f"--phase {name!r}: this config has the phases {', '.join(cfg.phases) or '(none)'}; "
                           "pick one of them, or leave --phase out to run them all in order")
@@ -182,7 +200,7 @@ def phase(cfg: Config, name: str) -> Config:
     if not isinstance(part, dict) or "phases" in part or "recipe" in part:
         raise ConfigError(f"phases.{name}: a partial config (sections such as optim:, train:, model:) without "
                           "recipe: or phases: of its own")
-    data = _override(merge(base, part), cfg._overrides)  # the command line's overrides win over the phase's
+    data = merge(base, part)
     data["model"] = {**data.get("model", {}), "phase": name}
     try:
         return Config.model_validate(data)

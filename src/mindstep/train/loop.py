@@ -184,9 +184,16 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
             raise ValueError(f"--phase {phase!r}: the {cfg.recipe} config has no phases; leave --phase out")
         return _run(cfg, out, resume=resume, json_path=json_path, progress=progress)
     names = [phase] if phase is not None else list(cfg.phases)
+    # --resume over several phases: each phase with a checkpoint continues from it, a later phase
+    # that has none yet starts (a finished phase resumes at its end and trains no further)
+    started = [n for n in names if _latest(os.path.join(out, n, "ckpt"))[0] is not None]
+    if resume and not started:
+        raise ValueError(f"--resume: no complete checkpoint in {out}/<phase>/ckpt for the phases {', '.join(names)}; "
+                         "run without --resume to start")
     summaries = {}
     for name in names:
-        summaries[name] = _run(_phase(cfg, name), os.path.join(out, name), resume=resume, progress=progress)
+        summaries[name] = _run(_phase(cfg, name), os.path.join(out, name), resume=resume and name in started,
+                               progress=progress)
     summary = {**summaries[names[-1]], "phases": summaries}
     if json_path and _dist.is_main():
         with open(json_path, "w") as fh:
