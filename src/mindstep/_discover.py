@@ -254,3 +254,10 @@ def resolve(forward, optimizer, nets=None, *, needs: list[str] = (), owners=()) 
     trained = [c for c in cells if any(id(p) in opt_ids for p in c.trainable_params())]
     loss_cells = [c for c in cells if not c.trainable_params()]
     return Networks(trained, loss_cells, cells)
+
+
+def train_mode(nets) -> None:
+    """Put the trained networks in training mode, if something (an evaluation) switched them off."""
+    for net in nets:
+        if not net.training:
+            net.set_train(True)

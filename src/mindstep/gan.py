@@ -37,7 +37,7 @@ from typing import Any, Callable
 import mindspore as ms
 from mindspore import nn, ops
 
-from . import _compile
+from . import _compile, _discover
 from . import checkpoint as _checkpoint
 from . import clip as _clip
 from . import ema as _ema
@@ -56,7 +56,6 @@ ORDERS = ("d_first", "g_first")
 OBJECTIVES = ("d", "g")
 OPTION_KEYS = ("loss_scale", "clip_grad_norm", "clip_grad_value", "ema", "lr_schedule", "losses", "on_nonfinite",
                "max_consecutive_skips")
-_UNSET = object()
 
 
 def _options(which: str, options: Any, default_scale) -> dict:
@@ -300,7 +299,7 @@ class GANStep:
         self.generator, self.discriminator = generator, discriminator
         self.cells = [generator, discriminator]
         self.nets = self.cells
-        self._train_mode()
+        _discover.train_mode(self.nets)
         self.precision = plan
         self.cast_cells = _precision.apply(plan, self.nets)
         self.name, self.order, self.jit_enabled = name, order, jit
@@ -323,16 +322,10 @@ class GANStep:
         self._groups = {o: {n: label for label, names in _groups.labelled_groups(self.optimizers[o]) for n in names}
                         for o in OBJECTIVES}
         self._losses = (d_loss, g_loss)
-        # what the checkpoint and the train loop read off a step
+        # the composed-operator pass (its decisions are saved with checkpoints)
         self.optimize = optimize
         self.optimize_report = None
         self.optimize_budget_mb = None
-        self.accumulate = 1
-
-    def _train_mode(self) -> None:
-        for net in self.nets:
-            if not net.training:
-                net.set_train(True)
 
     def phase(self, iteration: int) -> str:
         """Which objectives iteration `iteration` (0-based) updates: ``"dg"``, ``"d"`` or ``"g"``."""
@@ -407,7 +400,7 @@ class GANStep:
     def _optimize(self, tensors) -> None:
         """The composed-operator pass over both networks, before the first compile; the probe runs
         the generator and both losses once, so every conv of either network meets its input."""
-        from .optimize.pass_ import run_pass
+        from .optimize.pass_ import run_with_settings
 
         d_loss, g_loss = self._losses
 
@@ -416,11 +409,8 @@ class GANStep:
             d_loss(ops.stop_gradient(fake), *tensors)
             return g_loss(fake, *tensors)
 
-        opts = self.optimize
-        self.optimize_report, self.optimize_budget_mb = run_pass(
-            self.nets, probe, memory_budget_mb=opts.get("memory_budget_mb", "auto"),
-            native_peak_mb=opts.get("native_peak_mb"), cache_dir=opts.get("cache_dir"),
-            measure=opts.get("measure", True), inputs=tensors, force=opts.get("force"))
+        self.optimize_report, self.optimize_budget_mb = run_with_settings(self.nets, probe, self.optimize,
+                                                                          inputs=tensors)
 
     def _runner(self, phase: str) -> _compile.Runner:
         if phase not in self._runners:
@@ -432,7 +422,7 @@ class GANStep:
             raise ValueError(f"step(*batch) got {len(batch)} batch element(s), but the generator takes the first "
                              f"g_inputs={self.g_inputs}; call it with every tensor the losses take, e.g. step(lr, hr).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
-        self._train_mode()
+        _discover.train_mode(self.nets)
         if self.optimize is not None and self.optimize_report is None:
             self._optimize(tensors)
         phase = self.phase(self._iteration)

@@ -24,7 +24,7 @@ from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
 from ._graph import Counter, StepGraph
 from .dist import reduce as _reduce
-from .optimize.pass_ import check_force, run_pass
+from .optimize.pass_ import check_force, run_with_settings
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSET = object()  # loss_scale not given: the precision level picks the default
@@ -221,7 +221,7 @@ class TrainStep:
                                      owners=[losses] if isinstance(losses, nn.Cell) else [])
         self.cells = networks.cells
         self.nets = networks.trained
-        self._train_mode()
+        _discover.train_mode(self.nets)
         self.precision = plan
         self.cast_cells = _precision.apply(plan, self.nets, networks.loss_cells)
         lr_stage = _schedules.NoSchedule()
@@ -262,12 +262,6 @@ class TrainStep:
         self.optimize_report = None
         self.optimize_s = 0.0
         self.optimize_budget_mb = None
-
-    def _train_mode(self) -> None:
-        """Put the trained networks in training mode, if something (an evaluation) switched them off."""
-        for net in self.nets:
-            if not net.training:
-                net.set_train(True)
 
     @classmethod
     def from_net(cls, net: nn.Cell, loss_fn: Callable, optimizer: Any, **kwargs) -> "TrainStep":
@@ -361,14 +355,11 @@ class TrainStep:
             raise ValueError("step(*batch) needs at least one batch element, but got none. "
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
-        self._train_mode()
+        _discover.train_mode(self.nets)
         if self.optimize is not None and self.optimize_report is None:
             t0 = time.perf_counter()
-            opts = self.optimize
-            self.optimize_report, self.optimize_budget_mb = run_pass(
-                self.nets, lambda: self.forward(*tensors), memory_budget_mb=opts.get("memory_budget_mb", "auto"),
-                native_peak_mb=opts.get("native_peak_mb"), cache_dir=opts.get("cache_dir"),
-                measure=opts.get("measure", True), inputs=tensors, force=opts.get("force"))
+            self.optimize_report, self.optimize_budget_mb = run_with_settings(
+                self.nets, lambda: self.forward(*tensors), self.optimize, inputs=tensors)
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True

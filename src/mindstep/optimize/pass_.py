@@ -250,6 +250,13 @@ def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None
     return table, memory_budget_mb
 
 
+def run_with_settings(nets, run, settings: dict, inputs=()) -> tuple[list[dict], float | None]:
+    """`run_pass` with a step's `optimize=` settings dict (`TrainStep`, `GANStep`): `(table, budget)`."""
+    return run_pass(nets, run, memory_budget_mb=settings.get("memory_budget_mb", "auto"),
+                    native_peak_mb=settings.get("native_peak_mb"), cache_dir=settings.get("cache_dir"),
+                    measure=settings.get("measure", True), inputs=inputs, force=settings.get("force"))
+
+
 def render(table: list[dict]) -> str:
     lines = [f"{'layer':<28} {'config':<18} {'input':<18} {'choice':<7} {'native ms':>9} {'gemm ms':>8} "
              f"{'extra MB':>8}  reason"]

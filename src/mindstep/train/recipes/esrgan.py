@@ -25,6 +25,7 @@ images, and `samples.png` (LR / bicubic / output / HR crops side by side) in the
 """
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from typing import Literal, Optional
@@ -325,23 +326,33 @@ class Recipe:
         self.init_checkpoint = str(path)
 
     # ---- evaluation ---------------------------------------------------------------------------
+    @functools.cached_property
+    def _held_out(self) -> list:
+        """Each held-out image cut to a multiple of the scale, its LR input and bicubic upscale (as
+        uint8 and as the network's input tensors), and bicubic's PSNR/SSIM: computed once per run."""
+        out = []
+        for img in self.test_images:
+            hr = img[:img.shape[0] // SCALE * SCALE, :img.shape[1] // SCALE * SCALE]
+            lr, up = degrade(hr)
+            out.append({"hr": hr, "lr": lr, "up": up,
+                        "inputs": (ms.Tensor(_to_chw(lr)[None]), ms.Tensor(_to_chw(up)[None])),
+                        "psnr_bicubic": _metrics.psnr(up, hr, crop=SCALE),
+                        "ssim_bicubic": _metrics.ssim(up, hr, crop=SCALE)})
+        return out
+
     def evaluate(self) -> dict:
         """PSNR/SSIM (Y, 4-pixel border cut) of the network and of bicubic on the held-out images."""
         self.net.set_train(False)
-        rows, samples = [], []
-        for img in self.test_images:
-            h, w = (img.shape[0] // SCALE) * SCALE, (img.shape[1] // SCALE) * SCALE
-            hr = img[:h, :w]
-            lr, up = degrade(hr)
-            out = self.net(ms.Tensor(_to_chw(lr)[None]), ms.Tensor(_to_chw(up)[None])).asnumpy()[0]
-            sr = _to_uint8(out)
-            rows.append((_metrics.psnr(sr, hr, crop=SCALE), _metrics.ssim(sr, hr, crop=SCALE),
-                         _metrics.psnr(up, hr, crop=SCALE), _metrics.ssim(up, hr, crop=SCALE)))
-            samples.append((lr, up, sr, hr))
+        rows, first = [], None
+        for item in self._held_out:
+            sr = _to_uint8(self.net(*item["inputs"]).asnumpy()[0])
+            rows.append((_metrics.psnr(sr, item["hr"], crop=SCALE), _metrics.ssim(sr, item["hr"], crop=SCALE),
+                         item["psnr_bicubic"], item["ssim_bicubic"]))
+            first = first if first is not None else (item["lr"], item["up"], sr, item["hr"])
         self.net.set_train(True)
         psnr, ssim, psnr_b, ssim_b = (float(np.mean(c)) for c in zip(*rows))
         if self.workdir:
-            _sample_png(samples[0], os.path.join(self.workdir, "samples.png"))
+            _sample_png(first, os.path.join(self.workdir, "samples.png"))
         return {"psnr": psnr, "ssim": ssim, "psnr_bicubic": psnr_b, "ssim_bicubic": ssim_b,
                 "psnr_gain": psnr - psnr_b}
 
