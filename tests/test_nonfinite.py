@@ -138,3 +138,45 @@ def test_nonfinite_settings_are_validated(kwargs, error, words):
         make(**kwargs)
     for word in words:
         assert word in str(info.value)
+
+
+def test_bucketed_check_finds_a_non_finite_element_in_every_gradient(monkeypatch):
+    """The check flattens the small gradients into one buffer (per dtype) and checks the others one
+    by one; a NaN or Inf in any element of any of them, bucketed or not, must read as not finite, in
+    GRAPH_MODE, as `mindspore.amp.all_finite` says."""
+    import mindspore as ms
+    from mindspore import amp
+
+    import mindstep.nonfinite as nonfinite
+
+    monkeypatch.setattr(nonfinite, "BUCKET_ELEMENTS", 30)
+    shapes = [(4, 5), (3,), (7, 7), (2, 2, 2), (6,), (50,)]
+    params = [ms.Parameter(ms.Tensor(np.zeros(s, np.float32)), name=f"p{i}") for i, s in enumerate(shapes)]
+    params.append(ms.Parameter(ms.Tensor(np.zeros((5,), np.float16)), name="half"))
+    buckets, rest = nonfinite.plan(params)
+    assert buckets == ((1, 3, 4),) and rest == (0, 2, 5, 6), (buckets, rest)  # 3 + 6 + 8 <= 30 < 3 + 6 + 8 + 20
+    check = nonfinite.FiniteCheck("t", per_param=False, params=params)
+
+    class Probe(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.check = check
+
+        def construct(self, *grads):
+            return self.check.all_finite(grads), amp.all_finite(grads)
+
+    probe = Probe()
+    rng = np.random.default_rng(0)
+    base = [rng.standard_normal(p.shape).astype(p.dtype == ms.float16 and np.float16 or np.float32) for p in params]
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        ours, theirs = probe(*[ms.Tensor(g) for g in base])
+        assert bool(ours.asnumpy()) and bool(theirs.asnumpy())
+        for i in range(len(params)):
+            for bad in (np.nan, np.inf, -np.inf):
+                grads = [g.copy() for g in base]
+                grads[i].reshape(-1)[-1] = bad
+                ours, theirs = probe(*[ms.Tensor(g) for g in grads])
+                assert not bool(ours.asnumpy()) and not bool(theirs.asnumpy()), (params[i].name, bad)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)

@@ -17,6 +17,14 @@
 
 Without a loss scale and with ``"apply"`` the stage compiles to nothing. Its counters are
 Parameters (`<prefix>.skipped`, `<prefix>.skipped_in_row`), so they checkpoint with the step.
+
+How the check runs: the small gradients (smallest first, up to `BUCKET_ELEMENTS` elements per
+dtype) are flattened into one buffer and checked with one `isfinite` and one `all`; each larger
+one gets its own pair, through one HyperMap. The answer is the same as `mindspore.amp.all_finite`
+(NaN or Inf in any element of any gradient), in fewer kernels: `mindspore.amp.all_finite` runs
+three per tensor plus a sum, which on a small network is a large part of the step (MLP of issue
+15, AMD EPYC: the step graph 0.90 ms with it, 0.78 ms with the bucket, 0.71 ms without a check).
+The bucket costs one copy of at most `BUCKET_ELEMENTS` elements (4 MiB in float32).
 """
 from __future__ import annotations
 
@@ -30,6 +38,30 @@ from ._errors import bad_value, check_choice, check_int
 POLICIES = ("skip", "raise", "apply")
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 FLAGS = "_finite_params"  # raise mode: a per-parameter finite flag vector, popped by the host
+BUCKET_ELEMENTS = 2 ** 20  # the small gradients checked as one flattened buffer, per dtype
+
+
+def plan(params) -> tuple[tuple, tuple]:
+    """`(buckets, rest)`: index tuples into the gradient tuple (the order of `params`). Each bucket
+    holds one dtype's smallest gradients, up to `BUCKET_ELEMENTS` elements in all; `rest` the others."""
+    by_dtype = {}
+    for i, p in enumerate(params):
+        by_dtype.setdefault(str(p.dtype), []).append(i)
+    buckets, rest = [], []
+    for indices in by_dtype.values():
+        indices = sorted(indices, key=lambda i: (int(params[i].size), i))
+        total, chosen = 0, []
+        for i in indices:
+            if total + int(params[i].size) > BUCKET_ELEMENTS:
+                rest.extend(indices[len(chosen):])
+                break
+            total += int(params[i].size)
+            chosen.append(i)
+        if len(chosen) > 1:
+            buckets.append(tuple(sorted(chosen)))
+        else:
+            rest.extend(chosen)
+    return tuple(buckets), tuple(sorted(rest))
 
 
 class NonFiniteError(FloatingPointError):
@@ -70,15 +102,27 @@ class NoCheck(nn.Cell):
 class FiniteCheck(nn.Cell):
     """The finite check with its skip counters; in raise mode also a per-parameter flag vector."""
 
-    def __init__(self, prefix: str, per_param: bool):
+    def __init__(self, prefix: str, per_param: bool, params=()):
         super().__init__()
+        self.buckets, self.rest = plan(list(params))
         self.skipped = ms.Parameter(ms.Tensor(0, ms.int32), name=f"{prefix}.skipped", requires_grad=False)
         self.in_row = ms.Parameter(ms.Tensor(0, ms.int32), name=f"{prefix}.skipped_in_row", requires_grad=False)
         self.per_param = per_param
         self.metric_names = ("skipped", "skipped_in_row") + ((FLAGS,) if per_param else ())
 
     def all_finite(self, grads):
-        return amp.all_finite(grads)
+        """One bool: every element of every gradient is finite (see the module docstring)."""
+        if not self.buckets:
+            return amp.all_finite(grads)
+        flags = ()
+        for indices in self.buckets:  # a constant: at most one bucket per dtype, unrolled
+            flat = ops.concat([grads[i].reshape(-1) for i in indices])
+            flags = flags + (ops.isfinite(flat).all(),)
+        if self.rest:
+            flags = flags + _map.MAP(_map.all_finite, tuple([grads[i] for i in self.rest]))
+        if len(flags) == 1:
+            return flags[0]
+        return ops.stack(flags).all()
 
     def flags(self, grads):
         """One bool per gradient (raise mode only): which parameters' gradients are finite."""
@@ -97,10 +141,11 @@ class FiniteCheck(nn.Cell):
         return (self.skipped + 0, self.in_row + 0) + tuple(flags)
 
 
-def stage(policy: str, prefix: str) -> nn.Cell:
+def stage(policy: str, prefix: str, params=()) -> nn.Cell:
+    """The check for `policy`; `params`: the parameters whose gradients it sees, in order."""
     if policy == "apply":
         return NoCheck()
-    return FiniteCheck(prefix, per_param=policy == "raise")
+    return FiniteCheck(prefix, per_param=policy == "raise", params=params)
 
 
 def host_check(metrics: dict, *, policy: str, max_in_row: int | None, scaled: bool, names: list,
