@@ -140,22 +140,22 @@ def test_nonfinite_settings_are_validated(kwargs, error, words):
         assert word in str(info.value)
 
 
-def test_bucketed_check_finds_a_non_finite_element_in_every_gradient(monkeypatch):
-    """The check flattens the small gradients into one buffer (per dtype) and checks the others one
-    by one; a NaN or Inf in any element of any of them, bucketed or not, must read as not finite, in
+@pytest.mark.parametrize("small", [10 ** 6, 10], ids=["flat", "per-gradient"])
+def test_finite_check_finds_a_non_finite_element_in_every_gradient(monkeypatch, small):
+    """The check flattens small gradients into one buffer, or checks each gradient through one
+    HyperMap; either way a NaN or Inf in any element of any gradient must read as not finite, in
     GRAPH_MODE, as `mindspore.amp.all_finite` says."""
     import mindspore as ms
     from mindspore import amp
 
     import mindstep.nonfinite as nonfinite
 
-    monkeypatch.setattr(nonfinite, "BUCKET_ELEMENTS", 30)
+    monkeypatch.setattr(nonfinite, "SMALL_ELEMENTS", small)
     shapes = [(4, 5), (3,), (7, 7), (2, 2, 2), (6,), (50,)]
     params = [ms.Parameter(ms.Tensor(np.zeros(s, np.float32)), name=f"p{i}") for i, s in enumerate(shapes)]
-    params.append(ms.Parameter(ms.Tensor(np.zeros((5,), np.float16)), name="half"))
-    buckets, rest = nonfinite.plan(params)
-    assert buckets == ((1, 3, 4),) and rest == (0, 2, 5, 6), (buckets, rest)  # 3 + 6 + 8 <= 30 < 3 + 6 + 8 + 20
     check = nonfinite.FiniteCheck("t", per_param=False, params=params)
+    assert check.flat == (small > 200)
+    assert not nonfinite.flat_check(params + [ms.Parameter(ms.Tensor(np.zeros(2, np.float16)), name="h")])
 
     class Probe(nn.Cell):
         def __init__(self):
@@ -166,8 +166,7 @@ def test_bucketed_check_finds_a_non_finite_element_in_every_gradient(monkeypatch
             return self.check.all_finite(grads), amp.all_finite(grads)
 
     probe = Probe()
-    rng = np.random.default_rng(0)
-    base = [rng.standard_normal(p.shape).astype(p.dtype == ms.float16 and np.float16 or np.float32) for p in params]
+    base = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in shapes]
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
         ours, theirs = probe(*[ms.Tensor(g) for g in base])
