@@ -15,8 +15,13 @@ MAP = ops.HyperMap()
 
 
 def zero(x):
-    """Assign zeros to the Parameter `x` (in place)."""
-    return ops.assign(x, ops.zeros_like(x))
+    """Assign zeros (+0.0) to the Parameter `x`, whatever it holds (NaN and Inf included).
+
+    Not `zeros_like(x)`: MindSpore 2.10 folds that into a constant the size of `x` in the graph, so
+    resetting ResNet-18's accumulators in the update graph cost 142 MB of RSS where `x - x` (zero for
+    every finite value) mapped through `nan_to_num` (zero for the rest) costs 53 (measured, AMD EPYC;
+    45 MB of either is the optimizer's momentum, first touched there)."""
+    return ops.assign(x, ops.nan_to_num(x - x, 0.0, 0.0, 0.0))
 
 
 def mul(factor, g):
