@@ -265,6 +265,32 @@ def test_first_window_holds_the_update_graphs_compile_and_only_one_steady_call()
     assert first_window_s([5.0, 3.0, 1.0, 2.0, 1.0, 2.0], warmup=2, k=2) == pytest.approx(5.0 + 3.0 - 1.5)
 
 
+def test_an_accumulating_step_is_timed_per_call_over_whole_windows():
+    from mindstep.bench.worker import per_call
+
+    assert per_call([1.0, 2.0, 3.0], 1) == [1.0, 2.0, 3.0]
+    # windows of k calls, the last one with the update: each window's mean, never a lone micro-step
+    assert per_call([1.0, 1.0, 1.0, 5.0, 1.0, 1.0, 1.0, 9.0], 4) == [2.0, 3.0]
+
+
+def test_jit_accum_accumulates_k_micro_batches_and_jit_big_runs_k_times_the_batch():
+    from mindstep.bench import worker
+
+    spec = {"model": "mlp", "batch_size": 4, "image_size": 16, "seq_len": 16, "seed": 0, "steps": 3, "warmup": 1,
+            "distinct_batches": 2, "features": False, "accumulate": 3, "profile_dir": None}
+    accum = worker.run({**spec, "mode": "jit-accum"})
+    big = worker.run({**spec, "mode": "jit-big"})
+    assert accum["settings"]["accumulate"] == 3 and accum["batch_size"] == 4
+    assert "window of 3 calls" in accum["settings"]["timed_as"]
+    assert big["batch_size"] == 12 and "accumulate" not in big["settings"]
+    assert big["flops_per_step"] == pytest.approx(3 * accum["flops_per_step"])
+    with pytest.raises(ValueError, match="`accumulate`.*>= 2"):
+        runner.BenchConfig(model="mlp", accumulate=1).validate()
+    from mindstep.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "--accumulate", "8"]).accumulate == 8
+
+
 def test_repeat_interleaves_the_modes_and_reports_medians_spread_and_the_best_peak(monkeypatch):
     calls, peaks, p50s = [], iter([100.0, 150.0, 120.0]), {"jit": iter([10.0, 14.0]), "seed": iter([20.0, 12.0])}
 

@@ -208,6 +208,7 @@ def _cmd_bench(args) -> int:
                              seq_len=args.seq_len, steps=args.steps, warmup=args.warmup, repeat=args.repeat,
                              distinct_batches=args.distinct_batches,
                              features=args.all_features, opt_memory_budget=args.opt_memory_budget,
+                             accumulate=args.accumulate,
                              profile_dir=os.path.join(args.out or "bench-out", "profile") if args.profile else None)
     try:
         cfg.validate()
@@ -370,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "GEMM peak, with the CPU named in the header.")
     p.add_argument("--model", default="resnet18", help="mlp, resnet18, resnet50, rrdbnet, bert (default resnet18)")
     p.add_argument("--modes", default="pynative,jit,jit-opt,seed,model",
-                   help="comma-separated: pynative, jit, jit-all, jit-nocheck, jit-opt, seed, model, onestep")
+                   help="comma-separated: pynative, jit, jit-all, jit-nocheck, jit-accum, jit-big, jit-opt, seed, model, onestep")
     p.add_argument("--batch-size", type=_positive, default=None, help="default: the model's own")
     p.add_argument("--image-size", type=_positive, default=32)
     p.add_argument("--seq-len", type=_positive, default=64)
@@ -383,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "trajectories without the network memorising the data")
     p.add_argument("--all-features", action="store_true",
                    help="mindstep modes with dynamic loss scale, accumulate=2, clip_grad_norm=1, ema=0.999")
+    p.add_argument("--accumulate", type=_positive, default=4, metavar="K",
+                   help="jit-accum's micro-batches per update (default 4); jit-big runs batches K times as large")
     p.add_argument("--opt-memory-budget", default="jit", metavar="jit|none|MB",
                    help="jit-opt's memory budget for composed layers: 'jit' (default: calibrated by measurement so "
                         "the peak stays within 1.25x the jit row's), 'none' (no cap: fastest), or a number of MB")

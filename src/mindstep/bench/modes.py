@@ -4,6 +4,9 @@
 - `jit`: mindstep's TrainStep compiled (GRAPH_MODE Cell), plain fp32 layers.
 - `jit-all`: `jit` with every gradient-pipeline feature on (`FEATURES`), to price them in one run.
 - `jit-nocheck`: `jit` without the default finite check (`on_nonfinite="apply"`), to price it.
+- `jit-accum`: `jit` with `accumulate=K` (`--accumulate`, default 4) at the same micro-batch: what
+  accumulation costs and saves against `jit` (one batch) and `jit-big`.
+- `jit-big`: `jit` on batches K times as large (the batch `jit-accum`'s window adds up to).
 - `jit-opt`: compiled with the best settings for this device (see `OPT_SETTINGS`); the composed-
   operator pass keeps to a memory budget that the runner calibrates against the `jit` row's measured
   peak (run first; see `runner.calibrate_budget`), or the one given by `--opt-memory-budget`.
@@ -18,7 +21,8 @@ from mindspore import amp, nn
 
 from ..step import TrainStep
 
-MODES = ("pynative", "jit", "jit-all", "jit-nocheck", "jit-opt", "seed", "model", "onestep")
+MODES = ("pynative", "jit", "jit-all", "jit-nocheck", "jit-accum", "jit-big", "jit-opt", "seed", "model",
+         "onestep")
 
 # What jit-opt turns on, per device, and why. On CPU, fp16 kernels are 2-3x slower than fp32 and
 # bf16 kernels are missing (shared notes), so the best precision there is fp32.
@@ -36,8 +40,10 @@ def make_optimizer(net):
     return nn.Momentum(net.trainable_params(), 0.01, 0.9)
 
 
-def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True):
+def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True, accumulate: int = 4):
     """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss.
+
+    `accumulate`: `jit-accum`'s window (the worker gives `jit-big` batches that many times larger).
 
     `optimize`: jit-opt's `TrainStep(optimize=...)` setting (the pass's memory budget; the runner
     chooses it, see `runner._opt_settings`)."""
@@ -47,6 +53,10 @@ def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True):
         mode, extra = "jit", dict(FEATURES)
     if mode == "jit-nocheck":
         mode, extra = "jit", {"on_nonfinite": "apply"}
+    if mode == "jit-accum":
+        mode, extra = "jit", {**extra, "accumulate": accumulate}
+    if mode == "jit-big":
+        mode = "jit"
     if mode in ("pynative", "jit"):
         opt = make_optimizer(net)
         step = TrainStep.from_net(net, loss_fn, opt, jit=(mode == "jit"), **extra)

@@ -32,6 +32,7 @@ class BenchConfig:
     seed: int = 0
     distinct_batches: int = 2
     features: bool = False
+    accumulate: int = 4  # jit-accum's window; jit-big's batch is batch_size x accumulate
     opt_memory_budget: str | float = "jit"  # 'jit' (calibrated against the jit row's peak), 'none', or MB
     profile_dir: str | None = None
     timeout_s: int = 900
@@ -54,6 +55,8 @@ class BenchConfig:
         check_int("warmup", self.warmup, minimum=1, fix="The first call compiles; keep --warmup >= 1 so it is not timed.")
         check_int("distinct_batches", self.distinct_batches, minimum=1)
         check_int("repeat", self.repeat, minimum=1, fix="e.g. --repeat 3 to see the spread between runs.")
+        check_int("accumulate", self.accumulate, minimum=2,
+                  fix="jit-accum accumulates K >= 2 micro-batches per update, e.g. --accumulate 4.")
         budget = self.opt_memory_budget
         if budget not in ("jit", "none"):
             try:
@@ -70,7 +73,7 @@ class BenchConfig:
 def spec_for(cfg: BenchConfig, mode: str) -> dict:
     return {"mode": mode, "model": cfg.model, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
             "seq_len": cfg.seq_len, "seed": cfg.seed, "steps": cfg.steps, "warmup": cfg.warmup,
-            "distinct_batches": cfg.distinct_batches, "features": cfg.features,
+            "distinct_batches": cfg.distinct_batches, "features": cfg.features, "accumulate": cfg.accumulate,
             "profile_dir": os.path.join(cfg.profile_dir, mode) if cfg.profile_dir else None}
 
 
