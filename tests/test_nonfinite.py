@@ -142,16 +142,16 @@ def test_nonfinite_settings_are_validated(kwargs, error, words):
 
 @pytest.mark.parametrize("small", [10 ** 6, 10], ids=["flat", "per-gradient"])
 def test_finite_check_finds_a_non_finite_element_in_every_gradient(monkeypatch, small):
-    """The check flattens small gradients into one buffer, or checks each gradient through one
-    HyperMap; either way a NaN or Inf in any element of any gradient must read as not finite, in
-    GRAPH_MODE, as `mindspore.amp.all_finite` says."""
+    """The check flattens small gradients into one buffer, or multiplies each gradient by a zero
+    vector; either way a NaN or Inf in any element of any gradient must read as not finite, and
+    huge finite values as finite, in GRAPH_MODE, as `mindspore.amp.all_finite` says."""
     import mindspore as ms
     from mindspore import amp
 
     import mindstep.nonfinite as nonfinite
 
     monkeypatch.setattr(nonfinite, "SMALL_ELEMENTS", small)
-    shapes = [(4, 5), (3,), (7, 7), (2, 2, 2), (6,), (50,)]
+    shapes = [(4, 5), (3,), (7, 7), (2, 2, 2), (6,), (50,), (), (3, 4, 3, 3)]
     params = [ms.Parameter(ms.Tensor(np.zeros(s, np.float32)), name=f"p{i}") for i, s in enumerate(shapes)]
     check = nonfinite.FiniteCheck("t", per_param=False, params=params)
     assert check.flat == (small > 200)
@@ -166,16 +166,19 @@ def test_finite_check_finds_a_non_finite_element_in_every_gradient(monkeypatch, 
             return self.check.all_finite(grads), amp.all_finite(grads)
 
     probe = Probe()
-    base = [np.random.default_rng(0).standard_normal(s).astype(np.float32) for s in shapes]
+    rng = np.random.default_rng(0)
+    base = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    base[2][:] = np.float32(3e38)  # finite, and no sum of them fits in float32: still finite
     ms.set_context(mode=ms.GRAPH_MODE)
     try:
         ours, theirs = probe(*[ms.Tensor(g) for g in base])
         assert bool(ours.asnumpy()) and bool(theirs.asnumpy())
         for i in range(len(params)):
-            for bad in (np.nan, np.inf, -np.inf):
-                grads = [g.copy() for g in base]
-                grads[i].reshape(-1)[-1] = bad
-                ours, theirs = probe(*[ms.Tensor(g) for g in grads])
-                assert not bool(ours.asnumpy()) and not bool(theirs.asnumpy()), (params[i].name, bad)
+            for where in sorted({0, base[i].size // 2, base[i].size - 1}):
+                for bad in (np.nan, np.inf, -np.inf):
+                    grads = [g.copy() for g in base]
+                    grads[i].reshape(-1)[where] = bad
+                    ours, theirs = probe(*[ms.Tensor(g) for g in grads])
+                    assert not bool(ours.asnumpy()) and not bool(theirs.asnumpy()), (params[i].name, where, bad)
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
