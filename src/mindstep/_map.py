@@ -48,12 +48,17 @@ def all_finite(g):
     return ops.isfinite(g).all()
 
 
-def zero_product(g):
-    """`g @ 0` summed, as float32: exactly 0 when every element of `g` is finite (each product is
-    +-0), NaN when one is not (inf * 0 and NaN * 0 are NaN). One matrix-vector product, a kernel
-    CPUs run multi-threaded near memory speed, where `isfinite` + `all` are two slow elementwise
-    passes (ResNet-50's gradients: 11 vs 69 ms, AMD EPYC)."""
-    m = g.reshape(g.shape[0], -1) if g.ndim > 1 else g.reshape(1, -1)
+def nonfinite_mark(g):
+    """A float32 scalar that is 0 exactly when every element of `g` is finite.
+
+    Matrices and vectors: `g @ 0` summed (each product of a finite value and 0 is +-0, of inf or NaN
+    and 0 is NaN, so nothing can overflow): one matrix-vector product, which CPUs run multi-threaded
+    near memory speed, where `isfinite` + `all` are two slow elementwise passes (ResNet-50's
+    gradients: 11 vs 69 ms, AMD EPYC). Higher ranks (conv weights): `1 - isfinite(g).all()`, since
+    flattening them to a matrix copies them in MindSpore 2.10 (ResNet-18 step +32 MB peak RSS)."""
+    if g.ndim > 2:
+        return 1.0 - ops.isfinite(g).all().astype(ms.float32)
+    m = g if g.ndim == 2 else g.reshape(1, -1)
     return ops.matmul(m, ops.zeros((m.shape[1], 1), g.dtype)).sum().astype(ms.float32)
 
 

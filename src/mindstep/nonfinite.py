@@ -20,16 +20,18 @@ Parameters (`<prefix>.skipped`, `<prefix>.skipped_in_row`), so they checkpoint w
 
 How the check runs: a network whose gradients are all of one dtype and small (`SMALL_ELEMENTS`
 elements in all, e.g. an MLP) flattens them into one buffer, checked by one `isfinite` and one
-`all`; any other multiplies each gradient (as a matrix) by a zero vector and checks that the sum
-of those products is finite (`_map.zero_product`: every product of a finite value and 0 is 0,
-of inf or NaN and 0 is NaN, so no sum can overflow). Both give `mindspore.amp.all_finite`'s
-answer (NaN or Inf in any element of any gradient) in fewer and faster kernels than its three
-elementwise ones per tensor and a sum. Measured (AMD EPYC, 2 cores, MindSpore 2.10): the bench
-MLP's step 1.04 ms with `amp.all_finite`, 0.95 ms flattened, 0.85 ms without a check; the check
-over ResNet-50's gradients alone 69 ms as `isfinite().all()` per gradient, 11 ms as zero
-products. Picking the small gradients out by index into one flat buffer and mapping the rest
-cost ResNet-18 861 vs 778 MB and 3.6 vs 2.5 s to compile, so there is no mixed form. The
-flat buffer costs one copy of at most `SMALL_ELEMENTS` elements (4 MiB in float32).
+`all`. Any other gets one mark per gradient (`_map.nonfinite_mark`, 0 exactly when the gradient is
+finite): for matrices and vectors the sum of the gradient times a zero vector (a product of a
+finite value and 0 is 0, of inf or NaN and 0 is NaN, so no sum can overflow), for higher ranks
+`1 - isfinite(g).all()`; the update is finite when the marks sum to 0. Both give
+`mindspore.amp.all_finite`'s answer (NaN or Inf in any element of any gradient) in fewer and
+faster kernels than its three elementwise ones per tensor and a sum. Measured (AMD EPYC, 2 cores,
+MindSpore 2.10): the bench MLP's step 1.04 ms with `amp.all_finite`, 0.95 ms flattened, 0.85 ms
+without a check; ResNet-50's gradients checked in 11 ms by zero products against 69 ms by
+`isfinite().all()`, but flattening its conv weights into matrices copied them (+47 MB on the
+step), hence the rank rule. Picking the small gradients out by index into one flat buffer and
+mapping the rest cost ResNet-18 861 vs 778 MB and 3.6 vs 2.5 s to compile, so there is no mixed
+form. The flat buffer costs one copy of at most `SMALL_ELEMENTS` elements (4 MiB in float32).
 """
 from __future__ import annotations
 
@@ -103,7 +105,7 @@ class FiniteCheck(nn.Cell):
         """One bool: every element of every gradient is finite (see the module docstring)."""
         if self.flat:
             return ops.isfinite(ops.concat([g.reshape(-1) for g in grads])).all()
-        return ops.isfinite(ops.addn(_map.MAP(_map.zero_product, grads)))
+        return ops.equal(ops.addn(_map.MAP(_map.nonfinite_mark, grads)), 0.0)
 
     def flags(self, grads):
         """One bool per gradient (raise mode only): which parameters' gradients are finite."""
