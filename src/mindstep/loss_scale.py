@@ -3,8 +3,9 @@
 The dynamic algorithm (`mindspore.amp.DynamicLossScaler`, checked by our tests):
 start at `init` (2**16 by default); after a non-finite gradient, divide the scale by `factor`
 (never below 1) and restart the count; after `period` consecutive finite updates, multiply it
-by `factor`. The finite check is `mindstep.nonfinite`'s (the answer of `mindspore.amp.all_finite` in fewer
-kernels), which runs on every device; it does not use the NPU float-status ops that make `nn.TrainOneStepWithLossScaleCell` fail on CPU.
+by `factor`. The finite check is `mindstep.nonfinite`'s (the answer of `mindspore.amp.all_finite` in
+fewer kernels), which runs on every device; it does not use the NPU float-status ops that make
+`nn.TrainOneStepWithLossScaleCell` fail on CPU.
 """
 from __future__ import annotations
 

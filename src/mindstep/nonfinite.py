@@ -104,7 +104,7 @@ class FiniteCheck(nn.Cell):
     def all_finite(self, grads):
         """One bool: every element of every gradient is finite (see the module docstring)."""
         if self.flat:
-            return ops.isfinite(ops.concat([g.reshape(-1) for g in grads])).all()
+            return _map.all_finite(ops.concat([g.reshape(-1) for g in grads]))
         return ops.equal(ops.addn(_map.MAP(_map.nonfinite_mark, grads)), 0.0)
 
     def flags(self, grads):

@@ -34,13 +34,14 @@ OPT_SETTINGS = {
 }
 
 FEATURES = {"loss_scale": "dynamic", "accumulate": 2, "clip_grad_norm": 1.0, "ema": 0.999}
+ACCUMULATE = 4  # jit-accum's window by default (--accumulate); jit-big's batch factor
 
 
 def make_optimizer(net):
     return nn.Momentum(net.trainable_params(), 0.01, 0.9)
 
 
-def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True, accumulate: int = 4):
+def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True, accumulate: int = ACCUMULATE):
     """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss.
 
     `accumulate`: `jit-accum`'s window (the worker gives `jit-big` batches that many times larger).

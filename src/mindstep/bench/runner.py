@@ -12,7 +12,7 @@ import mindspore as ms
 
 from .. import _cpu
 from .._errors import bad_value, check_choice, check_int
-from .modes import MODES
+from .modes import ACCUMULATE, MODES
 from .worker import PREFIX
 from .zoo import MODELS
 
@@ -32,7 +32,7 @@ class BenchConfig:
     seed: int = 0
     distinct_batches: int = 2
     features: bool = False
-    accumulate: int = 4  # jit-accum's window; jit-big's batch is batch_size x accumulate
+    accumulate: int = ACCUMULATE  # jit-accum's window; jit-big's batch is batch_size x accumulate
     opt_memory_budget: str | float = "jit"  # 'jit' (calibrated against the jit row's peak), 'none', or MB
     profile_dir: str | None = None
     timeout_s: int = 900

@@ -78,12 +78,12 @@ def run(spec: dict) -> dict:
     def feed():
         return [batches[i % len(batches)] for i in range(warmup + steps)]
 
-    step = None
+    k = 1  # calls per update
     if spec["mode"] == "model":
         times, losses, compile_s, settings = _run_model(net, loss_fn, feed())
     else:
         run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
-                                         optimize=spec.get("optimize", True), accumulate=spec.get("accumulate", 4))
+                                         optimize=spec.get("optimize", True), accumulate=spec.get("accumulate", modes.ACCUMULATE))
         # an accumulating step compiles its update graph at its k-th call: keep that call out of the
         # timing; and time whole windows (k calls, the last one with the update)
         k = getattr(settings.get("step"), "accumulate", 1)
@@ -101,7 +101,7 @@ def run(spec: dict) -> dict:
             profiler.stop()
             profiler.analyse()
         step = settings.pop("step", None)
-        compile_s = first_window_s(times, warmup, getattr(step, "accumulate", 1))
+        compile_s = first_window_s(times, warmup, k)
         if step is not None and step.optimize_report is not None:
             # the composed-operator pass runs inside the first call: report it apart from compiling
             compile_s -= step.optimize_s
@@ -114,7 +114,7 @@ def run(spec: dict) -> dict:
             settings["optimize_report"] = table
         if k > 1:
             settings["timed_as"] = f"per call, the mean over each window of {k} calls"
-    measured = per_call(times[warmup:], getattr(step, "accumulate", 1))
+    measured = per_call(times[warmup:], k)
     p50 = statistics.median(measured)
     mem, source = _peak_mem_mb()
     return {
