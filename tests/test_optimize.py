@@ -85,6 +85,48 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
 
 
+DEPTHWISE_GRID = [
+    # (channels, kernel, stride, pad_mode, padding, dilation, bias, hw): MobileNet's 3x3 stride 1 and 2,
+    # 'same' (asymmetric when strided), dilation, a 5x5, a non-square kernel, padding beyond the kernel
+    (6, 3, 1, "pad", 1, 1, False, 8),
+    (6, 3, 2, "pad", 1, 1, True, 8),
+    (6, 3, 2, "same", 0, 1, False, 7),
+    (6, 5, 1, "same", 0, 1, False, 9),
+    (6, 3, 1, "pad", 2, 2, False, 9),
+    (6, 3, 1, "valid", 0, 1, True, 6),
+    (6, 3, 1, "pad", 1, 1, False, 1),
+    (6, 1, 1, "same", 0, 1, False, 5),
+    (6, 3, 2, "pad", 3, 1, True, 7),
+    (6, (3, 1), 1, "same", 0, 1, False, 6),
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE_GRID, ids=lambda c: f"c{c[0]}-k{c[1]}-s{c[2]}-{c[3]}{c[4]}-d{c[5]}-b{int(c[6])}-{c[7]}px")
+@pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
+def test_rewritten_depthwise_conv_equals_native_forward_and_all_gradients(case, graph):
+    c, k, s, mode, pad, dil, bias, hw = case
+    ms.set_seed(3)
+    conv = nn.Conv2d(c, c, k, s, pad_mode=mode, padding=pad, dilation=dil, group=c, has_bias=bias,
+                     weight_init="normal", bias_init="normal" if bias else "zeros")
+    assert forms_for(conv) == ("batched",)
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal((3, c, hw, hw)).astype(np.float32))
+    gemm = GemmConv2d(conv, (hw, hw), "batched")
+    assert type(gemm.fn).__name__ == "_DepthwiseFn"
+    r = ms.Tensor(rng.standard_normal(conv(x).shape).astype(np.float32))
+    if graph:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        expected = grads_of(conv, x, r)
+        got = grads_of(gemm, x, r)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4, err_msg="forward")
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-4, atol=1e-4, err_msg="input gradient")
+    for g, e, p in zip(got[2], expected[2], conv.trainable_params()):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
+
+
 def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():
     from mindstep.optimize.decide import config_mb, extra_mb
 
@@ -226,11 +268,29 @@ def test_fast_native_devices_stay_native_and_unmeasured(tmp_path):
     assert all(type(c) is not GemmConv2d for _, c in net.cells_and_names())
 
 
-def test_grouped_convs_stay_native_with_the_reason(tmp_path):
+def test_grouped_convs_other_than_depthwise_stay_native_with_the_reason(tmp_path):
     ms.set_seed(0)
-    net = nn.SequentialCell(nn.Conv2d(4, 4, 3, group=4, pad_mode="same"))
+    net = nn.SequentialCell(nn.Conv2d(4, 8, 3, group=2, pad_mode="same"))
     table = optimize(net, (np.ones((1, 4, 6, 6), np.float32),), cache_dir=str(tmp_path))
-    assert table[0]["choice"] == "native" and "group=4" in table[0]["reason"]
+    assert table[0]["choice"] == "native" and "group=2" in table[0]["reason"]
+    with pytest.raises(ValueError, match="group=2"):
+        GemmConv2d(net[0], (6, 6))
+
+
+def test_depthwise_convs_are_measured_under_their_own_key_and_forced_forms_fall_back_to_theirs(tmp_path):
+    from mindstep.optimize.decide import key
+
+    ms.set_seed(0)
+    dw = nn.Conv2d(4, 4, 3, group=4, pad_mode="same")
+    dense = nn.Conv2d(4, 4, 3, pad_mode="same")
+    assert "group4" in key("CPU", dw, (1, 4, 6, 6), ms.float32)
+    assert key("CPU", dw, (1, 4, 6, 6), ms.float32) != key("CPU", dense, (1, 4, 6, 6), ms.float32)
+    net = nn.SequentialCell(dw)
+    table = optimize(net, (np.ones((1, 4, 6, 6), np.float32),), cache_dir=str(tmp_path))
+    assert set(table[0]["times"]) == {"native", "batched"}, table[0]
+    net = nn.SequentialCell(nn.Conv2d(4, 4, 3, group=4, pad_mode="same"))
+    table = optimize(net, (np.ones((1, 4, 6, 6), np.float32),), cache_dir=str(tmp_path), force={"*": "one-gemm"})
+    assert table[0]["choice"] == "batched" and type(net[0]) is GemmConv2d
 
 
 def test_conv_pads_match_mindspore_output_shapes():
@@ -361,7 +421,8 @@ from mindstep.optimize.conv import GemmConv2d
 sys.modules["mindstep.optimize.conv"]._ORDERED_BPROP = sys.argv[7] == "ordered"
 n_layers, form, stride, hw, ch, batch = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
                                          int(sys.argv[5]), int(sys.argv[6]))
-convs = [nn.Conv2d(ch, ch, 3, stride, pad_mode="pad", padding=1, has_bias=False) for _ in range(n_layers)]
+group = ch if sys.argv[8] == "depthwise" else 1
+convs = [nn.Conv2d(ch, ch, 3, stride, pad_mode="pad", padding=1, has_bias=False, group=group) for _ in range(n_layers)]
 layers = nn.CellList([GemmConv2d(c, (hw // stride ** i, hw // stride ** i), form) for i, c in enumerate(convs)])
 class Chain(nn.Cell):
     def __init__(self):
@@ -381,7 +442,7 @@ print(json.dumps((psutil.Process().memory_info().rss - before) / 2**20))
 """
 
 
-def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered"):
+def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered", kind="dense"):
     """MB that a chain of 3 composed layers keeps over a chain of 1, each measured in a fresh process."""
     import subprocess
     import sys
@@ -391,18 +452,19 @@ def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered"):
     grow = {}
     for layers in (1, 3):
         out = subprocess.run([sys.executable, str(script), str(layers), form, str(stride), str(hw), str(channels),
-                              str(batch), order],
+                              str(batch), order, kind],
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
         grow[layers] = json.loads(out.stdout.strip().splitlines()[-1])
     return grow[3] - grow[1]
 
 
-@pytest.mark.parametrize("form, stride, hw, channels, batch, at_most", [
-    ("one-gemm", 1, 8, 64, 256, 1.0), ("batched", 1, 32, 64, 16, 1.0),
-    ("batched", 2, 32, 32, 64, 1.1), ("one-gemm+phases", 2, 32, 32, 64, 1.1)])
+@pytest.mark.parametrize("form, stride, hw, channels, batch, at_most, kind", [
+    ("one-gemm", 1, 8, 64, 256, 1.0, "dense"), ("batched", 1, 32, 64, 16, 1.0, "dense"),
+    ("batched", 2, 32, 32, 64, 1.1, "dense"), ("one-gemm+phases", 2, 32, 32, 64, 1.1, "dense"),
+    ("batched", 1, 32, 64, 64, 1.0, "depthwise"), ("batched", 2, 32, 64, 64, 1.1, "depthwise")])
 def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch,
-                                                                     at_most):
+                                                                     at_most, kind):
     """The budget rests on `decide.extra_mb` bounding what a composed layer adds to a step: MindSpore
     2.10 does not free all of a custom-bprop layer's temporaries between layers. Measured on an AMD
     EPYC (AVX2, AVX-512F), the growth from 1 to 3 chained layers stays under the estimate for layers
@@ -410,8 +472,9 @@ def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, f
     CI machine), 39 of 89 MB for the batched stride-2 chain, 56 of 137 MB with stride phases)."""
     from mindstep.optimize.decide import config_mb, extra_mb
 
-    grow = _chain_growth(tmp_path, form, stride, hw, channels, batch)
-    conv = nn.Conv2d(channels, channels, 3, stride, pad_mode="pad", padding=1)
+    grow = _chain_growth(tmp_path, form, stride, hw, channels, batch, kind=kind)
+    conv = nn.Conv2d(channels, channels, 3, stride, pad_mode="pad", padding=1,
+                     group=channels if kind == "depthwise" else 1)
     # layers 2 and 3 see new input sizes: with a stride, each is a configuration of its own
     estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) +
                    (config_mb(conv, form, (hw // stride ** i,) * 2) if stride > 1 else 0.0) for i in (1, 2))

@@ -86,12 +86,19 @@ def _grads(net, loss_fn, batch):
 
 def _tables(net):
     """Forced decision tables, as the form each layer gets: each form everywhere ('+phases' gives
-    its base form on layers it does not apply to), then seeded random mixes of native and the forms
-    each layer has; tables that come out identical are tested once."""
+    its base form on layers it does not apply to, a depthwise layer its one form), then seeded random
+    mixes of native and the forms each layer has; tables that come out identical are tested once."""
     convs = [(n, c) for n, c in net.cells_and_names() if isinstance(c, nn.Conv2d) and supported(c)[0]]
+
+    def given(form, conv):
+        if form in forms_for(conv):
+            return form
+        base = form.split("+")[0]
+        return base if base in forms_for(conv) else forms_for(conv)[0]
+
     tables = {}
     for form in FORMS:
-        tables[form] = {n: form if form in forms_for(c) else form.split("+")[0] for n, c in convs}
+        tables[form] = {n: given(form, c) for n, c in convs}
     for seed in range(MIXES):
         r = random.Random(seed)
         tables[f"mix{seed}"] = {n: r.choice(("native",) + forms_for(c)) for n, c in convs}

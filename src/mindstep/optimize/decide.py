@@ -19,7 +19,7 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import GemmConv2d, conv_pads, forms_for, matmul_only, out_shape, pointwise, single_tap
+from .conv import GemmConv2d, conv_pads, depthwise, forms_for, matmul_only, out_shape, pointwise, single_tap
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
@@ -53,7 +53,8 @@ def key(device: str, conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = Tr
     pads = conv_pads(conv, shape[2], shape[3])
     return (f"{device}|mindspore-{ms.__version__}|{FORMULATION}|conv2d {conv.in_channels}->{conv.out_channels} "
             f"k{conv.kernel_size} s{conv.stride} d{conv.dilation} pads{pads} bias{int(conv.has_bias)}"
-            f"|in{tuple(shape)} {dtype}" + ("" if input_grad else " no-dx"))
+            + (f" group{conv.group}" if conv.group != 1 else "")
+            + f"|in{tuple(shape)} {dtype}" + ("" if input_grad else " no-dx"))
 
 
 def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
@@ -72,6 +73,8 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     kernel, or the batch-folded input and output gradient; ~0 on a 1x1 input.
     """
     n, c, h, w = shape
+    if depthwise(conv):
+        return _depthwise_extra_mb(conv, shape)
     if pointwise(conv, (h, w)):
         k, l = conv.out_channels, h * w
         if not form.startswith("one-gemm"):
@@ -111,6 +114,26 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     total += k * kk * kk + k * kk * c                         # tap map broadcast over K, picked kernel
     total += n * k * kk * ldx * (2 if one else 1)             # dX columns (one-gemm: and their transpose)
     total += 2 * n * c * ldx if one else n * c * k * kk + n * c * ldx  # dX GEMM (batched: broadcast kernel)
+    if fn.cropped:
+        total += n * c * h * w
+    return 4.0 * total / 2**20
+
+
+def _depthwise_extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
+    """`extra_mb` for a depthwise layer (`conv._DepthwiseFn`): its temporaries, summed, as an upper bound."""
+    n, c, h, w = shape
+    fn = GemmConv2d(conv, (h, w)).fn
+    kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw
+    total = n * c * kk * l + n * c * kk + n * c * l           # forward: columns, broadcast taps, output
+    total += n * c * kk * l + n * c * kk + c * kk             # backward: recomputed columns, per-sample dW, dW
+    if fn.pre_needed:
+        total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
+    if fn.strided:
+        total += n * c * fn.ho * fn.sh * fn.wo * fn.sw + n * c * fn.zh * fn.zw  # zero-inserted dY, cropped
+    if fn.z_pre_needed:
+        total += n * c * fn.zp_hw[0] * fn.zp_hw[1]            # padded dY
+    total += 2 * c * kk + n * c * kk                          # flipped taps, broadcast over the batch
+    total += n * c * kk * ldx + n * c * ldx                   # dX columns and GEMM output
     if fn.cropped:
         total += n * c * h * w
     return 4.0 * total / 2**20

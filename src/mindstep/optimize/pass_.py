@@ -112,11 +112,13 @@ def check_force(force) -> dict | None:
 
 def forced_form(name: str, conv: nn.Conv2d, force: dict | None) -> tuple[str, str] | None:
     """(form, pattern) of the first `force` pattern matching the layer name, or None. A '+phases'
-    form asked of a layer it does not apply to (not strided, or dilated) gives its base form."""
+    form asked of a layer it does not apply to (not strided, or dilated) gives its base form; a form
+    a depthwise layer does not have gives its one form ("batched")."""
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             if form != "native" and form not in forms_for(conv):
-                form = form.split("+")[0]
+                base = form.split("+")[0]
+                form = base if base in forms_for(conv) else forms_for(conv)[0]
             return form, pattern
     return None
 
@@ -193,7 +195,7 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
 
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
-    numerics within float tolerance. Today: `nn.Conv2d` (group=1) -> im2col + GEMM with a GEMM
+    numerics within float tolerance. Today: `nn.Conv2d` (group=1, or depthwise) -> im2col + GEMM with a GEMM
     backward (see `mindstep.optimize.conv`), chosen per layer configuration and input shape by
     timing both forms forward + backward on this device (cached on disk, see
     `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
