@@ -4,7 +4,7 @@ Each follows the structure of its mindcv 0.3.0 counterpart (layer order, strides
 depthwise convolutions, concatenations), at widths and depths that compile in seconds:
 
 - `mobilenet_v2`: inverted residuals (1x1 expand, 3x3 depthwise, 1x1 project, residual when the
-  shape allows), ReLU6, a 1x1 head conv; the depthwise convs are rewritten too (`_DepthwiseFn`);
+  shape allows), ReLU6, a 1x1 head conv; the depthwise convs are rewritten too (`_GroupedFn`);
 - `densenet`: dense layers (BN-ReLU-1x1 conv-BN-ReLU-3x3 conv, concatenated onto their input) and
   transitions (BN-ReLU-1x1 conv-2x2 average pool);
 - the residual family is the bench's own ResNet-18/50 (`mindstep.bench.zoo`).

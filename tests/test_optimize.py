@@ -85,34 +85,40 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
 
 
-DEPTHWISE_GRID = [
-    # (channels, kernel, stride, pad_mode, padding, dilation, bias, hw): MobileNet's 3x3 stride 1 and 2,
-    # 'same' (asymmetric when strided), dilation, a 5x5, a non-square kernel, padding beyond the kernel
-    (6, 3, 1, "pad", 1, 1, False, 8),
-    (6, 3, 2, "pad", 1, 1, True, 8),
-    (6, 3, 2, "same", 0, 1, False, 7),
-    (6, 5, 1, "same", 0, 1, False, 9),
-    (6, 3, 1, "pad", 2, 2, False, 9),
-    (6, 3, 1, "valid", 0, 1, True, 6),
-    (6, 3, 1, "pad", 1, 1, False, 1),
-    (6, 1, 1, "same", 0, 1, False, 5),
-    (6, 3, 2, "pad", 3, 1, True, 7),
-    (6, (3, 1), 1, "same", 0, 1, False, 6),
+GROUPED_GRID = [
+    # (cin, cout, group, kernel, stride, pad_mode, padding, dilation, bias, hw): depthwise (MobileNet's 3x3
+    # stride 1 and 2, 'same' (asymmetric when strided), dilation, a 5x5, a non-square kernel, padding
+    # beyond the kernel), a depth multiplier, and grouped layers (RegNet's / ResNeXt's group widths)
+    (6, 6, 6, 3, 1, "pad", 1, 1, False, 8),
+    (6, 6, 6, 3, 2, "pad", 1, 1, True, 8),
+    (6, 6, 6, 3, 2, "same", 0, 1, False, 7),
+    (6, 6, 6, 5, 1, "same", 0, 1, False, 9),
+    (6, 6, 6, 3, 1, "pad", 2, 2, False, 9),
+    (6, 6, 6, 3, 1, "valid", 0, 1, True, 6),
+    (6, 6, 6, 3, 1, "pad", 1, 1, False, 1),
+    (6, 6, 6, 1, 1, "same", 0, 1, False, 5),
+    (6, 6, 6, 3, 2, "pad", 3, 1, True, 7),
+    (6, 6, 6, (3, 1), 1, "same", 0, 1, False, 6),
+    (4, 8, 4, 3, 1, "pad", 1, 1, False, 6),     # depth multiplier 2
+    (8, 8, 2, 3, 1, "pad", 1, 1, True, 7),      # 2 groups of 4
+    (8, 12, 4, 3, 2, "pad", 1, 1, False, 8),    # 4 groups, strided, 2 -> 3 channels per group
+    (8, 8, 4, 1, 1, "same", 0, 1, False, 5),    # grouped pointwise (ShuffleNet)
+    (8, 8, 2, 3, 2, "same", 0, 1, False, 7),    # grouped, asymmetric 'same'
 ]
 
 
-@pytest.mark.parametrize("case", DEPTHWISE_GRID, ids=lambda c: f"c{c[0]}-k{c[1]}-s{c[2]}-{c[3]}{c[4]}-d{c[5]}-b{int(c[6])}-{c[7]}px")
+@pytest.mark.parametrize("case", GROUPED_GRID, ids=lambda c: f"{c[0]}-{c[1]}-g{c[2]}-k{c[3]}-s{c[4]}-{c[5]}{c[6]}-d{c[7]}-b{int(c[8])}-{c[9]}px")
 @pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
-def test_rewritten_depthwise_conv_equals_native_forward_and_all_gradients(case, graph):
-    c, k, s, mode, pad, dil, bias, hw = case
+def test_rewritten_grouped_conv_equals_native_forward_and_all_gradients(case, graph):
+    cin, cout, group, k, s, mode, pad, dil, bias, hw = case
     ms.set_seed(3)
-    conv = nn.Conv2d(c, c, k, s, pad_mode=mode, padding=pad, dilation=dil, group=c, has_bias=bias,
+    conv = nn.Conv2d(cin, cout, k, s, pad_mode=mode, padding=pad, dilation=dil, group=group, has_bias=bias,
                      weight_init="normal", bias_init="normal" if bias else "zeros")
     assert forms_for(conv) == ("batched",)
     rng = np.random.default_rng(0)
-    x = ms.Tensor(rng.standard_normal((3, c, hw, hw)).astype(np.float32))
+    x = ms.Tensor(rng.standard_normal((3, cin, hw, hw)).astype(np.float32))
     gemm = GemmConv2d(conv, (hw, hw), "batched")
-    assert type(gemm.fn).__name__ == "_DepthwiseFn"
+    assert type(gemm.fn).__name__ == "_GroupedFn"
     r = ms.Tensor(rng.standard_normal(conv(x).shape).astype(np.float32))
     if graph:
         ms.set_context(mode=ms.GRAPH_MODE)
@@ -259,6 +265,46 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     assert json.loads((tmp_path / "decisions.json").read_text()) == cache
 
 
+def test_decision_families_pair_layers_that_differ_only_in_width():
+    from mindstep.optimize.decide import family, key, neighbour, shared
+
+    def k(cin, cout, hw=8, group=1, stride=1, batch=4):
+        conv = nn.Conv2d(cin, cout, 3, stride, pad_mode="pad", padding=1, group=group)
+        return key("CPU", conv, (batch, cin, hw, hw), ms.float32)
+
+    assert family(k(64, 128))[0] == family(k(100, 128))[0] and family(k(64, 128))[1:] == (64, 128)
+    for other in (k(64, 128, hw=4), k(64, 128, stride=2), k(64, 128, batch=8), k(64, 128, group=2)):
+        assert family(other)[0] != family(k(64, 128))[0]
+    assert family(k(32, 32, group=32))[0] == family(k(48, 48, group=48))[0]  # depthwise at any width
+    assert family(k(32, 32, group=32))[0] != family(k(32, 32, group=4))[0]  # 8 channels per group
+    entry = {"choice": "batched", "native_ms": 4.0, "gemm_ms": 1.0, "times": {"native": 4.0, "batched": 1.0},
+             "reason": "measured"}
+    cache = {k(64, 128): entry, k(64, 256): entry, k(64, 128, hw=4): entry}
+    assert neighbour(cache, k(100, 128)) == k(64, 128)
+    assert neighbour(cache, k(64, 200)) == k(64, 256)  # nearer in channels than 64->128
+    assert neighbour(cache, k(150, 128)) is None  # 150 / 64 > SHARE_FACTOR
+    got = shared(entry, k(64, 128), k(128, 128))
+    assert got["choice"] == "batched" and got["times"] == {"native": 8.0, "batched": 2.0}
+    assert got["shared_from"] == k(64, 128) and "shared from the measured 64->128 layer" in got["reason"]
+
+
+def test_a_layer_takes_a_measured_neighbours_decision_unless_share_is_off(tmp_path):
+    def net():
+        ms.set_seed(0)
+        # the ReLU first: a conv whose input is the batch is timed without dX, a family of its own
+        return nn.SequentialCell(nn.ReLU(), nn.Conv2d(8, 16, 3, pad_mode="same"), nn.Conv2d(16, 16, 3, pad_mode="same"))
+
+    x = np.ones((2, 8, 6, 6), np.float32)
+    table = optimize(net(), (x,), cache_dir=str(tmp_path / "a"))
+    assert "shared from the measured 8->16 layer" in table[1]["reason"] and table[1]["choice"] == table[0]["choice"]
+    assert len(json.loads((tmp_path / "a" / "decisions.json").read_text())) == 1  # measurements only
+    table = optimize(net(), (x,), cache_dir=str(tmp_path / "b"), share=False)
+    assert all("measured" in r["reason"] and "shared" not in r["reason"] for r in table)
+    assert len(json.loads((tmp_path / "b" / "decisions.json").read_text())) == 2
+    with pytest.raises(TypeError, match="share"):
+        optimize(net(), (x,), cache_dir=str(tmp_path / "b"), share="no")
+
+
 def test_fast_native_devices_stay_native_and_unmeasured(tmp_path):
     net = small_net()
     table = optimize(net, (np.ones((2, 3, 8, 8), np.float32),), device="GPU", cache_dir=str(tmp_path))
@@ -268,16 +314,7 @@ def test_fast_native_devices_stay_native_and_unmeasured(tmp_path):
     assert all(type(c) is not GemmConv2d for _, c in net.cells_and_names())
 
 
-def test_grouped_convs_other_than_depthwise_stay_native_with_the_reason(tmp_path):
-    ms.set_seed(0)
-    net = nn.SequentialCell(nn.Conv2d(4, 8, 3, group=2, pad_mode="same"))
-    table = optimize(net, (np.ones((1, 4, 6, 6), np.float32),), cache_dir=str(tmp_path))
-    assert table[0]["choice"] == "native" and "group=2" in table[0]["reason"]
-    with pytest.raises(ValueError, match="group=2"):
-        GemmConv2d(net[0], (6, 6))
-
-
-def test_depthwise_convs_are_measured_under_their_own_key_and_forced_forms_fall_back_to_theirs(tmp_path):
+def test_grouped_convs_are_measured_under_their_own_key_and_forced_forms_fall_back_to_theirs(tmp_path):
     from mindstep.optimize.decide import key
 
     ms.set_seed(0)
@@ -285,6 +322,7 @@ def test_depthwise_convs_are_measured_under_their_own_key_and_forced_forms_fall_
     dense = nn.Conv2d(4, 4, 3, pad_mode="same")
     assert "group4" in key("CPU", dw, (1, 4, 6, 6), ms.float32)
     assert key("CPU", dw, (1, 4, 6, 6), ms.float32) != key("CPU", dense, (1, 4, 6, 6), ms.float32)
+    assert "group2" in key("CPU", nn.Conv2d(4, 8, 3, group=2, pad_mode="same"), (1, 4, 6, 6), ms.float32)
     net = nn.SequentialCell(dw)
     table = optimize(net, (np.ones((1, 4, 6, 6), np.float32),), cache_dir=str(tmp_path))
     assert set(table[0]["times"]) == {"native", "batched"}, table[0]
@@ -421,7 +459,7 @@ from mindstep.optimize.conv import GemmConv2d
 sys.modules["mindstep.optimize.conv"]._ORDERED_BPROP = sys.argv[7] == "ordered"
 n_layers, form, stride, hw, ch, batch = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
                                          int(sys.argv[5]), int(sys.argv[6]))
-group = ch if sys.argv[8] == "depthwise" else 1
+group = {"dense": 1, "depthwise": ch, "group8": 8}[sys.argv[8]]
 convs = [nn.Conv2d(ch, ch, 3, stride, pad_mode="pad", padding=1, has_bias=False, group=group) for _ in range(n_layers)]
 layers = nn.CellList([GemmConv2d(c, (hw // stride ** i, hw // stride ** i), form) for i, c in enumerate(convs)])
 class Chain(nn.Cell):
@@ -462,7 +500,8 @@ def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered", 
 @pytest.mark.parametrize("form, stride, hw, channels, batch, at_most, kind", [
     ("one-gemm", 1, 8, 64, 256, 1.0, "dense"), ("batched", 1, 32, 64, 16, 1.0, "dense"),
     ("batched", 2, 32, 32, 64, 1.1, "dense"), ("one-gemm+phases", 2, 32, 32, 64, 1.1, "dense"),
-    ("batched", 1, 32, 64, 64, 1.0, "depthwise"), ("batched", 2, 32, 64, 64, 1.1, "depthwise")])
+    ("batched", 1, 32, 64, 64, 1.0, "depthwise"), ("batched", 2, 32, 64, 64, 1.1, "depthwise"),
+    ("batched", 1, 16, 64, 32, 1.0, "group8")])
 def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch,
                                                                      at_most, kind):
     """The budget rests on `decide.extra_mb` bounding what a composed layer adds to a step: MindSpore
@@ -474,7 +513,7 @@ def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, f
 
     grow = _chain_growth(tmp_path, form, stride, hw, channels, batch, kind=kind)
     conv = nn.Conv2d(channels, channels, 3, stride, pad_mode="pad", padding=1,
-                     group=channels if kind == "depthwise" else 1)
+                     group={"dense": 1, "depthwise": channels, "group8": 8}[kind])
     # layers 2 and 3 see new input sizes: with a stride, each is a configuration of its own
     estimate = sum(extra_mb(conv, (batch, channels, hw // stride ** i, hw // stride ** i), form) +
                    (config_mb(conv, form, (hw // stride ** i,) * 2) if stride > 1 else 0.0) for i in (1, 2))

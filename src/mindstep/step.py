@@ -30,7 +30,7 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSET = object()  # loss_scale not given: the precision level picks the default
 
 
-_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force")
+_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force", "share")
 
 
 def _check_optimize(optimize: Any) -> dict | None:
@@ -51,8 +51,9 @@ def _check_optimize(optimize: Any) -> dict | None:
         if optimize.get(key) is not None:
             check_float(f"optimize[{key!r}]", optimize[key], low=0.0, fix=f"e.g. optimize={{'{key}': 1200}}"
                         + (", or None for no cap." if key == "memory_budget_mb" else "."))
-    if "measure" in optimize:
-        check_bool("optimize['measure']", optimize["measure"])
+    for key in ("measure", "share"):
+        if key in optimize:
+            check_bool(f"optimize[{key!r}]", optimize[key])
     if "force" in optimize:
         check_force(optimize["force"])
     return dict(optimize)
@@ -118,8 +119,9 @@ class TrainStep:
             (`mindstep.optimize.pass_.budget_mb`: a quarter of the native step's peak, with the
             process's memory before the pass standing in for it); a dict sets
             `native_peak_mb` (the native step's measured peak, e.g. from `mindstep bench`), or
-            `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir`, `measure` and
-            `force` (fixed forms per layer-name pattern, see `mindstep.optimize`).
+            `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir`, `measure`,
+            `force` (fixed forms per layer-name pattern, see `mindstep.optimize`) and `share`
+            (False: measure every layer shape instead of sharing decisions across widths).
         on_nonfinite: ``"skip"`` (default), ``"raise"`` or ``"apply"``: what an update whose
             gradient holds NaN/Inf does (`mindstep.nonfinite`): skipped entirely and counted
             (metrics `skipped`, `skipped_in_row`), skipped then `mindstep.NonFiniteError` naming the

@@ -13,10 +13,9 @@ runs near 150 GFLOP/s on the same machine (shared notes). The composed form:
   whose CPU kernel is what made naive swaps slow.
 
 Padding is explicit (`Pad` primitives) for every pad mode, including TF-style asymmetric "same"
-padding with stride > 1. `group=1` convolutions and depthwise ones (`group == in_channels ==
-out_channels`, MobileNet's) are rewritten; a depthwise layer's GEMMs are batched over its channels
-(`_DepthwiseFn`: one (1, k*k) x (k*k, L) product per sample and channel). Other grouped
-convolutions (RegNet's, ShuffleNet's) stay native.
+padding with stride > 1. Grouped convolutions (RegNet's, ResNeXt's) and depthwise ones (MobileNet's,
+`group == channels`) have their GEMMs batched over the groups (`_GroupedFn`: per sample and group,
+the group's (K/G, C/G*k*k) kernel times its columns).
 """
 from __future__ import annotations
 
@@ -44,15 +43,10 @@ _BMM_TN = ops.BatchMatMul(transpose_a=True)
 _ORDERED_BPROP = True
 
 
-def depthwise(conv) -> bool:
-    """A depthwise convolution: one filter per input channel (`group == in_channels == out_channels`)."""
-    return conv.group > 1 and conv.group == conv.in_channels == conv.out_channels
-
-
 def forms_for(conv) -> tuple:
     """The composed forms that apply to this layer (phases only for strided, undilated layers; a
-    depthwise layer has one, "batched": its per-channel GEMMs are batched over samples and channels)."""
-    if depthwise(conv):
+    grouped one has one, "batched": its per-group GEMMs are batched over samples and groups)."""
+    if conv.group != 1:
         return FORMS[:1]
     if max(conv.stride) > 1 and conv.dilation == (1, 1):
         return FORMS
@@ -394,54 +388,69 @@ class _ConvFn(nn.Cell):
         return dxp
 
 
-def _dw_correlate(im2col, xp, w3, ho, wo):
-    """Depthwise cross-correlation of x with w3 (C, 1, kh*kw) as im2col + one batched GEMM: per sample
-    and channel, that channel's (1, k*k) taps times its (k*k, L) columns; output (N, C, ho, wo).
-    Measured on MindSpore 2.10 CPU (AMD EPYC, batch 16, 3x3): 2.9 vs 13.8 ms for native's forward at
-    96 channels on 16x16, 1.6 vs 9.2 ms at 144 on 8x8 (an elementwise multiply and a sum over the
-    taps: 18.4 and 5.9 ms; nine shifted slices: 10.7 and 4.3 ms)."""
-    n, c = xp.shape[0], xp.shape[1]
-    kk = w3.shape[-1]
-    cols = _RESHAPE(im2col(xp), (n, c, kk, ho * wo))
-    y = _BMM(ops.BroadcastTo((n, c, 1, kk))(w3), cols)
-    return _RESHAPE(y, (n, c, ho, wo))
+def _group_correlate(im2col, xp, w4, ho, wo):
+    """Grouped cross-correlation of x with w4 (G, Kg, Cg*kh*kw) as im2col + one GEMM batched over the
+    samples and the groups: per sample and group, the group's (Kg, Cg*k*k) kernel times its
+    (Cg*k*k, L) columns; output (N, G*Kg, ho, wo). For a depthwise layer (Cg = Kg = 1) that is each
+    channel's taps times its columns: measured on MindSpore 2.10 CPU (AMD EPYC, batch 16, 3x3),
+    2.9 vs 13.8 ms for native's forward at 96 channels on 16x16, 1.6 vs 9.2 ms at 144 on 8x8 (an
+    elementwise multiply and a sum over the taps: 18.4 and 5.9 ms; nine shifted slices: 10.7, 4.3)."""
+    n = xp.shape[0]
+    g, kg, ckk = w4.shape
+    cols = _RESHAPE(im2col(xp), (n, g, ckk, ho * wo))
+    y = _BMM(ops.BroadcastTo((n, g, kg, ckk))(w4), cols)
+    return _RESHAPE(y, (n, g * kg, ho, wo))
 
 
-class _DepthwiseFn(_ConvFn):
-    """`_ConvFn` for a depthwise convolution (weights (C, 1, kh, kw)): the same geometry (pads,
-    stride dilation of dY, crops), with each GEMM batched over the channels instead of contracting
-    them. The weight gradient is per sample and channel dY (1, L) times the columns (k*k, L)
-    transposed, summed over the samples; the input gradient correlates the stride-dilated, padded dY
-    with each channel's kernel flipped (a GEMM with the one-hot `tap_map`, as for `_ConvFn`)."""
+def _group_correlate_t(im2col, xp, w4t, ho, wo):
+    """`_group_correlate` with each group's kernel given transposed, w4t (G, Kg*taps, Cg), contracted
+    with transpose_a (the input gradient; see `_input_grad_kernel`)."""
+    n = xp.shape[0]
+    g, kt, cg = w4t.shape
+    cols = _RESHAPE(im2col(xp), (n, g, kt, ho * wo))
+    y = _BMM_TN(ops.BroadcastTo((n, g, kt, cg))(w4t), cols)
+    return _RESHAPE(y, (n, g * cg, ho, wo))
+
+
+class _GroupedFn(_ConvFn):
+    """`_ConvFn` for a grouped convolution (weights (K, C/G, kh, kw), depthwise included): the same
+    geometry (pads, stride dilation of dY, crops), with every GEMM batched over the groups instead
+    of contracting all the channels. The weight gradient is, per sample and group, dY (Kg, L) times
+    the group's columns (Cg*k*k, L) transposed, summed over the samples; the input gradient
+    correlates the stride-dilated, padded dY with each group's kernel flipped and transposed by
+    `_input_grad_kernel`, as `_ConvFn` does."""
 
     def __init__(self, kernel, stride, dilation, pads, input_hw):
         super().__init__(kernel, stride, dilation, pads, input_hw, one_gemm=False, by_phase=False)
 
     def construct(self, x, w):
-        return _dw_correlate(self.im2col, self._pre(x), _RESHAPE(w, (w.shape[0], 1, self.kh * self.kw)),
-                             self.ho, self.wo)
+        k, cg = w.shape[0], w.shape[1]
+        g = x.shape[1] // cg
+        return _group_correlate(self.im2col, self._pre(x), _RESHAPE(w, (g, k // g, cg * self.kh * self.kw)),
+                                self.ho, self.wo)
 
     def bprop(self, x, w, out, dout):
-        n, c = x.shape[0], x.shape[1]
+        n = x.shape[0]
+        k, cg = w.shape[0], w.shape[1]
+        g = x.shape[1] // cg
         kk = self.kh * self.kw
         l = self.ho * self.wo
         if _ORDERED_BPROP:  # the same two ordering dependences as `_ConvFn.bprop`, for the same reasons
             x = ops.depend(x, dout)
-        cols = _RESHAPE(self.im2col(self._pre(x)), (n, c, kk, l))
-        dw = _RESHAPE(_SUM(_BMM_NT(_RESHAPE(dout, (n, c, 1, l)), cols), 0), w.shape)
+        cols = _RESHAPE(self.im2col(self._pre(x)), (n, g, cg * kk, l))
+        dw = _RESHAPE(_SUM(_BMM_NT(_RESHAPE(dout, (n, g, k // g, l)), cols), 0), w.shape)
         if _ORDERED_BPROP:
             dout = ops.depend(dout, dw)
         z = dout
         if self.strided:
-            z = self.dilate(_RESHAPE(dout, (n, c, self.ho, 1, self.wo, 1)))
-            z = _RESHAPE(z, (n, c, self.ho * self.sh, self.wo * self.sw))
+            z = self.dilate(_RESHAPE(dout, (n, k, self.ho, 1, self.wo, 1)))
+            z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))
             if self.z_sliced:
                 z = _crop(z, (0, 0, self.zh, self.zw))
         if self.z_pre_needed:
             z = self.z_pad(z)
-        w2 = _RESHAPE(w, (c, kk))
-        flipped = w2 if self.tap_map is None else _MM_NT(w2, ops.cast(self.tap_map, w.dtype))
-        dx = _dw_correlate(self.z_im2col, z, _RESHAPE(flipped, (c, 1, kk)), self.dxh, self.dxw)
+        wt = _input_grad_kernel(w, self.tap_map)  # (K * taps, Cg)
+        dx = _group_correlate_t(self.z_im2col, z, _RESHAPE(wt, (g, -1, cg)), self.dxh, self.dxw)
         if self.cropped:
             dx = _crop(dx, self.crop)
         return dx, dw
@@ -450,11 +459,11 @@ class _DepthwiseFn(_ConvFn):
 _FNS: dict = {}
 
 
-def _depthwise_fn(*config) -> _DepthwiseFn:
-    """One shared `_DepthwiseFn` per configuration (see `_conv_fn`)."""
-    fn = _FNS.get(("depthwise",) + config)
+def _grouped_fn(*config) -> _GroupedFn:
+    """One shared `_GroupedFn` per configuration (see `_conv_fn`; channels and groups come from the tensors)."""
+    fn = _FNS.get(("grouped",) + config)
     if fn is None:
-        fn = _FNS[("depthwise",) + config] = _DepthwiseFn(*config)
+        fn = _FNS[("grouped",) + config] = _GroupedFn(*config)
     return fn
 
 
@@ -515,15 +524,11 @@ class GemmConv2d(nn.Cell):
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched"):
         super().__init__(auto_prefix=False)
         if form not in forms_for(conv):
-            why = ("a depthwise layer has one composed form" if depthwise(conv)
+            why = ("a grouped layer has one composed form" if conv.group != 1
                    else "the '+phases' forms need a stride > 1 and no dilation")
             raise ValueError(f"`form` must be one of {forms_for(conv)} for this layer, but got {form!r} ({why}).")
         self.form = form
         self.one_gemm = form.startswith("one-gemm")
-        if conv.group != 1 and not depthwise(conv):
-            raise ValueError(f"GemmConv2d rewrites group=1 and depthwise (group == in_channels == out_channels) "
-                             f"convolutions only; this one has group={conv.group} with {conv.in_channels} -> "
-                             f"{conv.out_channels} channels.")
         # the layer's mixed-precision flags (`to_float`): under O2 the composed form must cast its
         # inputs and weights as the native conv does (without them fp16 inputs met fp32 weights:
         # "For primitive[MatMulExt], the input type must be same")
@@ -548,8 +553,8 @@ class GemmConv2d(nn.Cell):
         if self.tap is not None:
             kk = conv.kernel_size[0] * conv.kernel_size[1]
             self.select = Tensor(np.eye(kk, dtype=np.float32)[:, self.tap:self.tap + 1].copy())  # (kk, 1)
-        if depthwise(conv):
-            self.fn = _depthwise_fn(conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw))
+        if conv.group != 1:
+            self.fn = _grouped_fn(conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw))
         else:
             self.fn = None if self.pointwise or self.tap is not None else _conv_fn(
                 conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw), self.one_gemm,
@@ -590,11 +595,9 @@ def supported(conv) -> tuple[bool, str]:
     """Whether the pass can rewrite this layer, and why not."""
     if type(conv) is not nn.Conv2d:
         return False, f"{type(conv).__name__} is not a plain nn.Conv2d"
-    if conv.group != 1 and not depthwise(conv):
-        return False, f"group={conv.group} (grouped convs other than depthwise stay native)"
     if conv.data_format != "NCHW":
         return False, f"data_format={conv.data_format}"
     return True, ""
 
 
-__all__ = ["GemmConv2d", "conv_pads", "depthwise", "matmul_only", "out_shape", "pointwise", "same_pads", "single_tap", "supported"]
+__all__ = ["GemmConv2d", "conv_pads", "matmul_only", "out_shape", "pointwise", "same_pads", "single_tap", "supported"]

@@ -8,7 +8,7 @@ from mindspore import nn
 
 from .._cells import replace_cell
 from .._probe import probe_forward
-from .._errors import bad_type, bad_value, check_float
+from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide
 from .conv import FORMS, GemmConv2d, conv_pads, forms_for, supported
 
@@ -113,7 +113,7 @@ def check_force(force) -> dict | None:
 def forced_form(name: str, conv: nn.Conv2d, force: dict | None) -> tuple[str, str] | None:
     """(form, pattern) of the first `force` pattern matching the layer name, or None. A '+phases'
     form asked of a layer it does not apply to (not strided, or dilated) gives its base form; a form
-    a depthwise layer does not have gives its one form ("batched")."""
+    a grouped (or depthwise) layer does not have gives its one form ("batched")."""
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             if form != "native" and form not in forms_for(conv):
@@ -124,12 +124,16 @@ def forced_form(name: str, conv: nn.Conv2d, force: dict | None) -> tuple[str, st
 
 
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
-            measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None) -> list[dict]:
+            measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None,
+            share: bool = True) -> list[dict]:
     """Decide and rewrite every Conv2d whose input shape is known; return the decision table.
 
     `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap). `force`
     (see `check_force`) fixes the form of the layers whose names match, without measuring: the
-    budget does not move them, and they run on every device.
+    budget does not move them, and they run on every device. `share`: a layer not in the cache
+    whose channel counts are within `decide.SHARE_FACTOR` of a measured layer of the same geometry
+    takes that layer's decision (`decide.neighbour`) instead of being measured; shared decisions are
+    not written to the cache, which holds measurements only.
     """
     device = device or ms.get_context("device_target")
     path = decide.cache_path(cache_dir)
@@ -156,10 +160,14 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
             else:
                 k = decide.key(device, cell, shape, dtype, input_grad)
                 cached = k in cache
-                if not cached and measure:
-                    cache[k] = decide.measure(cell, shape, dtype, input_grad)
-                    dirty = True
-                found = cache.get(k)
+                source = decide.neighbour(cache, k) if share and not cached else None
+                if source is not None:
+                    found = decide.shared(cache[source], source, k)
+                else:
+                    if not cached and measure:
+                        cache[k] = decide.measure(cell, shape, dtype, input_grad)
+                        dirty = True
+                    found = cache.get(k)
                 if found is None:
                     row.update(choice="native", reason="not measured (measure=False) and not in the cache")
                 else:
@@ -190,12 +198,13 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
 
 
 def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_dir: str | None = None,
-             measure: bool = True, memory_budget_mb="auto", force: dict | None = None) -> list[dict]:
+             measure: bool = True, memory_budget_mb="auto", force: dict | None = None,
+             share: bool = True) -> list[dict]:
     """Rewrite `net`'s layers, in place, into the faster formulation measured for this device.
 
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
-    numerics within float tolerance. Today: `nn.Conv2d` (group=1, or depthwise) -> im2col + GEMM with a GEMM
+    numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col + GEMM with a GEMM
     backward (see `mindstep.optimize.conv`), chosen per layer configuration and input shape by
     timing both forms forward + backward on this device (cached on disk, see
     `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
@@ -213,6 +222,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
             'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases'): those layers take that form
             without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
+        share: let a layer take the decision of a measured layer of the same geometry whose channel
+            counts are within 2x of its own (`decide.SHARE_FACTOR`) instead of measuring it (default);
+            False measures every distinct shape.
 
     Returns:
         The decision table: one dict per Conv2d with `layer`, `config`, `input`, `choice`,
@@ -230,14 +242,16 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         check_float("memory_budget_mb", memory_budget_mb, low=0.0,
                     fix='Pass "auto", None for no cap, or a number of MB, e.g. memory_budget_mb=500.')
     force = check_force(force)
+    check_bool("share", share)
     inputs = tuple(x if isinstance(x, ms.Tensor) else ms.Tensor(x) for x in example_inputs)
     table, _ = run_pass([net], lambda: net(*inputs), memory_budget_mb=memory_budget_mb, device=device,
-                        cache_dir=cache_dir, measure=measure, inputs=inputs, force=force)
+                        cache_dir=cache_dir, measure=measure, inputs=inputs, force=force, share=share)
     return table
 
 
 def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None = None, device=None,
-             cache_dir=None, measure: bool = True, inputs=(), force=None) -> tuple[list[dict], float | None]:
+             cache_dir=None, measure: bool = True, inputs=(), force=None,
+             share: bool = True) -> tuple[list[dict], float | None]:
     """Probe the conv input shapes with one `run()`, fix the budget, rewrite; `(table, budget)`.
 
     The one sequence behind `optimize` and `TrainStep(optimize=...)`. `memory_budget_mb="auto"`
@@ -248,7 +262,7 @@ def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None
     if memory_budget_mb == "auto":
         memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
     table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
-                    memory_budget_mb=memory_budget_mb, force=force)
+                    memory_budget_mb=memory_budget_mb, force=force, share=share)
     return table, memory_budget_mb
 
 
@@ -256,7 +270,8 @@ def run_with_settings(nets, run, settings: dict, inputs=()) -> tuple[list[dict],
     """`run_pass` with a step's `optimize=` settings dict (`TrainStep`, `GANStep`): `(table, budget)`."""
     return run_pass(nets, run, memory_budget_mb=settings.get("memory_budget_mb", "auto"),
                     native_peak_mb=settings.get("native_peak_mb"), cache_dir=settings.get("cache_dir"),
-                    measure=settings.get("measure", True), inputs=inputs, force=settings.get("force"))
+                    measure=settings.get("measure", True), inputs=inputs, force=settings.get("force"),
+                    share=settings.get("share", True))
 
 
 def render(table: list[dict]) -> str:
