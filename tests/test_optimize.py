@@ -143,19 +143,26 @@ def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():
     assert GemmConv2d(conv, (2, 2), "one-gemm").tap is None and config_mb(conv, "one-gemm", (2, 2)) > 0
 
 
-def test_pointwise_layers_time_both_forms_and_single_tap_layers_one():
+def test_pointwise_layers_time_both_forms_on_maps_of_five_positions_or_more_and_single_tap_layers_one():
     """A stride-1 1x1 conv's forms differ (kernel broadcast over the batch vs one GEMM over the folded
-    batch), also on a 1x1 input, where its one tap is not `single_tap`'s case; a 3x3 layer on a 1x1 input
-    is the same GEMM in every form."""
-    from mindstep.optimize.decide import extra_mb, measure
+    batch), also on a 1x1 input, where its one tap is not `single_tap`'s case; below
+    `BATCHED_MIN_POSITIONS` output positions only the one-GEMM forms are timed; a 3x3 layer on a 1x1
+    input is the same GEMM in every form."""
+    from mindstep.optimize.decide import BATCHED_MIN_POSITIONS, extra_mb, measure, plausible_forms
 
     pw = make_conv(8, 6, 1, 1, "valid", 0, 1, False)
-    for hw in (1, 2):
-        assert set(measure(pw, (4, 8, hw, hw), ms.float32)["times"]) == {"native", "batched", "one-gemm"}
+    assert BATCHED_MIN_POSITIONS == 5
+    for hw, timed in ((1, {"native", "one-gemm"}), (2, {"native", "one-gemm"}), (3, {"native", "batched", "one-gemm"})):
+        assert set(measure(pw, (4, 8, hw, hw), ms.float32)["times"]) == timed, hw
     assert extra_mb(pw, (4, 8, 1, 1), "one-gemm") == 0.0 < extra_mb(pw, (4, 8, 2, 2), "one-gemm")
     assert extra_mb(pw, (4, 8, 1, 1), "batched") > 0  # the kernel broadcast over the batch
     tap = make_conv(8, 6, 3, 1, "pad", 1, 1, False)
     assert set(measure(tap, (4, 8, 1, 1), ms.float32)["times"]) == {"native", "batched"}
+    strided = make_conv(8, 6, 3, 2, "pad", 1, 1, False)
+    assert plausible_forms(strided, (4, 8, 4, 4)) == ("one-gemm", "one-gemm+phases")  # 2x2 out
+    assert plausible_forms(strided, (4, 8, 6, 6)) == forms_for(strided)  # 3x3 out: all four
+    grouped = nn.Conv2d(8, 8, 3, pad_mode="same", group=8)
+    assert plausible_forms(grouped, (4, 8, 2, 2)) == ("batched",)  # its only form
 
 
 def test_input_gradient_uses_exact_padding_unless_padding_exceeds_the_kernel():

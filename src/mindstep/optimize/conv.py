@@ -486,7 +486,8 @@ def pointwise(conv: nn.Conv2d, input_hw) -> bool:
     """A stride-1, unpadded 1x1 conv: a plain matmul over the channels. (Strided 1x1 convs go through
     `_ConvFn`: differentiating x[:, :, ::s, ::s] hits a PyNative StridedSliceGrad bug in MindSpore
     2.10, "input memory out of bounds".) Grouped convolutions never are."""
-    return conv.group == 1 and conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv_pads(conv, *input_hw) == (0, 0, 0, 0)
+    return (conv.group == 1 and conv.kernel_size == (1, 1) and conv.stride == (1, 1)
+            and conv_pads(conv, *input_hw) == (0, 0, 0, 0))
 
 
 def matmul_only(conv: nn.Conv2d, input_hw) -> bool:
@@ -518,7 +519,8 @@ class GemmConv2d(nn.Cell):
     2x2 maps ran 5-37x faster than the broadcast and 3-6x faster than native), and so do layers
     whose 1x1 input only ever meets one kernel tap (`single_tap`; the tap is picked by a GEMM with a
     one-hot vector, so its weight gradient lands in that tap and the others get exact zeros), both
-    differentiated by MindSpore's own autodiff; the others use `_ConvFn`'s hand-written backward.
+    differentiated by MindSpore's own autodiff; the others use `_ConvFn`'s hand-written backward,
+    and grouped (depthwise included) layers `_GroupedFn`'s, whose GEMMs are batched over the groups.
     """
 
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched"):

@@ -114,7 +114,7 @@ def neighbour(cache: dict, cache_key: str) -> str | None:
 def shared(entry: dict, source: str, cache_key: str) -> dict:
     """`entry` (measured for the key `source`) as the decision for `cache_key`: the same choice, the
     times scaled by the ratio of the two layers' multiply-adds, and a reason that names the source."""
-    (_, cin, cout), (_, sin, sout) = family(cache_key), family(source)
+    _, sin, sout = family(source)
     ratio = _macs(cache_key) / _macs(source)
     times = {form: round(t * ratio, 3) for form, t in entry.get("times", {}).items()}
     return {**entry, "times": times, "native_ms": round(entry["native_ms"] * ratio, 3),
@@ -191,8 +191,7 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
     n, c, h, w = shape
     fn = GemmConv2d(conv, (h, w)).fn
     k, cg = conv.out_channels, c // conv.group
-    kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw
-    taps = kk
+    kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw  # the input gradient uses all kk taps
     total = n * c * kk * l + n * k * cg * kk + n * k * l     # forward: columns, broadcast kernel, output
     total += n * c * kk * l + n * k * cg * kk + k * cg * kk  # backward: recomputed columns, per-sample dW, dW
     if fn.pre_needed:
@@ -201,7 +200,7 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
         total += n * k * fn.ho * fn.sh * fn.wo * fn.sw + n * k * fn.zh * fn.zw  # zero-inserted dY, cropped
     if fn.z_pre_needed:
         total += n * k * fn.zp_hw[0] * fn.zp_hw[1]            # padded dY
-    total += k * taps * kk + k * taps * cg + n * k * taps * cg  # tap map over K, picked kernel, over the batch
+    total += k * kk * kk + k * kk * cg + n * k * kk * cg      # tap map over K, picked kernel, over the batch
     total += n * k * kk * ldx + n * c * ldx                   # dX columns and GEMM output
     if fn.cropped:
         total += n * c * h * w
@@ -308,6 +307,25 @@ def time_layer(layer: nn.Cell, x, r, repeats: int = 3, input_grad: bool = True) 
     return 1000.0 * statistics.median(times), values
 
 
+# At this many output positions or fewer, the batched forms (the kernel broadcast over the batch, one
+# small GEMM per sample) are not timed when a one-GEMM form exists. Over the 226 layer shapes measured on
+# this project's AMD EPYC (ResNet-18/50, mindcv MobileNetV2, DenseNet-121, RegNetX, ShuffleNetV2, 32 px),
+# batched / one-gemm at <= 4 positions was never below 1.66x (1x1 s1: 2.0-48x, 3x3 s1: 3.7-14x, 3x3 s2:
+# 1.7-18x); at 16 positions it went down to 0.52x, so larger maps time both.
+BATCHED_MIN_POSITIONS = 5
+
+
+def plausible_forms(conv: nn.Conv2d, shape: tuple) -> tuple:
+    """The composed forms worth timing for this layer at this input shape (`forms_for`, less the
+    batched ones on maps of fewer than `BATCHED_MIN_POSITIONS` output positions where a one-GEMM
+    form exists)."""
+    forms = forms_for(conv)
+    _, _, ho, wo = out_shape(conv, shape)
+    if ho * wo < BATCHED_MIN_POSITIONS and any(f.startswith("one-gemm") for f in forms):
+        return tuple(f for f in forms if not f.startswith("batched"))
+    return forms
+
+
 def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> dict:
     """Time native and every composed form as the step runs them: forward, weight gradients and,
     unless the layer's input is the batch itself (`input_grad=False`), the input gradient. A form
@@ -319,7 +337,7 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     native_ms, reference = time_layer(conv, x, r, input_grad=input_grad)
     times, rejected = {"native": native_ms}, {}
     # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
-    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else forms_for(conv)
+    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape)
     for form in forms:
         elapsed, values = time_layer(GemmConv2d(conv, (shape[2], shape[3]), form), x, r, input_grad=input_grad)
         err = mismatch(reference, values)

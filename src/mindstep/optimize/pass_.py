@@ -145,7 +145,8 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                 continue
             shape, dtype, input_grad = shapes[id(cell)]
             row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
-                   f"{cell.kernel_size[1]} s{cell.stride[0]}", "input": list(shape)}
+                   f"{cell.kernel_size[1]} s{cell.stride[0]}" + (f" g{cell.group}" if cell.group != 1 else ""),
+                   "input": list(shape)}
             ok, why = supported(cell)
             forced = forced_form(name, cell, force) if ok else None
             if not ok:
