@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+import gc
 
 import mindspore as ms
 from mindspore import nn
@@ -264,6 +265,9 @@ def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None
         memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
     table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
                     memory_budget_mb=memory_budget_mb, force=force, share=share)
+    # the probes' Cells (and the graphs MindSpore compiled for them) are garbage now: free them before
+    # the step compiles, rather than whenever Python's cycle collector next runs
+    gc.collect()
     return table, memory_budget_mb
 
 
