@@ -223,6 +223,23 @@ def test_a_form_that_disagrees_with_native_is_left_out_of_the_measured_choice(mo
     assert "one-gemm left out: differs from native by 1.0e-02" in row["reason"]
 
 
+def test_a_form_far_slower_than_the_fastest_is_timed_once(monkeypatch):
+    from mindstep.optimize import decide
+
+    calls = []
+    flat = decide._flat
+    monkeypatch.setattr(decide, "_flat", lambda out: calls.append(1) or flat(out))
+    conv = make_conv(4, 6, 3, 1, "pad", 1, 1, False)
+    x = ms.Tensor(np.ones((2, 4, 6, 6), np.float32))
+    r = ms.Tensor(np.ones((2, 6, 6, 6), np.float32))
+    timed = decide._Timed(conv, x, r)
+    timed.first()
+    assert len(calls) == 1
+    assert timed.time(repeats=7, stop_above=0.0) > 0 and len(calls) == 2  # over the bound after one call
+    assert timed.time(repeats=7) > 0 and len(calls) == 9
+    assert decide.CLEAR_RATIO >= 1.5 * decide.MEMORY_MARGIN  # a stopped form could never have been chosen
+
+
 def small_net():
     ms.set_seed(1)
     return nn.SequentialCell(
