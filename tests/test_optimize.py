@@ -55,6 +55,24 @@ def grads_of(layer, x, r):
     return out.asnumpy(), dx.asnumpy(), [g.asnumpy() for g in dps]
 
 
+def assert_matches_native(conv, gemm, x, r, graph):
+    """`gemm` (a rewrite of `conv`) gives conv's output, input gradient and parameter gradients for the
+    output weights `r`, in GRAPH_MODE if `graph` (the context is restored either way)."""
+    if graph:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        expected = grads_of(conv, x, r)
+        got = grads_of(gemm, x, r)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert got[0].shape == expected[0].shape
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4, err_msg="forward")
+    np.testing.assert_allclose(got[1], expected[1], rtol=1e-4, atol=1e-4, err_msg="input gradient")
+    assert len(got[2]) == len(expected[2])
+    for g, e, p in zip(got[2], expected[2], conv.trainable_params()):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
+
+
 @pytest.mark.parametrize("form", ["batched", "one-gemm", "batched+phases", "one-gemm+phases"])
 @pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c[0]}-{c[1]}-k{c[2]}-s{c[3]}-{c[4]}{c[5]}-d{c[6]}-b{int(c[7])}-{c[8]}px")
 @pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
@@ -70,19 +88,7 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
     gemm = GemmConv2d(conv, (hw, hw), form)
     ref = grads_of(conv, x, ms.Tensor(np.ones(conv(x).shape, np.float32)))
     r = ms.Tensor(rng.standard_normal(ref[0].shape).astype(np.float32))
-    if graph:
-        ms.set_context(mode=ms.GRAPH_MODE)
-    try:
-        expected = grads_of(conv, x, r)
-        got = grads_of(gemm, x, r)
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-    assert got[0].shape == expected[0].shape
-    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4, err_msg="forward")
-    np.testing.assert_allclose(got[1], expected[1], rtol=1e-4, atol=1e-4, err_msg="input gradient")
-    assert len(got[2]) == len(expected[2])
-    for g, e, p in zip(got[2], expected[2], conv.trainable_params()):
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
+    assert_matches_native(conv, gemm, x, r, graph)
 
 
 GROUPED_GRID = [
@@ -120,17 +126,7 @@ def test_rewritten_grouped_conv_equals_native_forward_and_all_gradients(case, gr
     gemm = GemmConv2d(conv, (hw, hw), "batched")
     assert type(gemm.fn).__name__ == "_GroupedFn"
     r = ms.Tensor(rng.standard_normal(conv(x).shape).astype(np.float32))
-    if graph:
-        ms.set_context(mode=ms.GRAPH_MODE)
-    try:
-        expected = grads_of(conv, x, r)
-        got = grads_of(gemm, x, r)
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4, err_msg="forward")
-    np.testing.assert_allclose(got[1], expected[1], rtol=1e-4, atol=1e-4, err_msg="input gradient")
-    for g, e, p in zip(got[2], expected[2], conv.trainable_params()):
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-3, err_msg=p.name)
+    assert_matches_native(conv, gemm, x, r, graph)
 
 
 def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():

@@ -327,6 +327,19 @@ class _ConvFn(nn.Cell):
             return self.pre_pad(x)
         return x
 
+    def _dilated_dy(self, dout, n, k):
+        """dY (n, k, ho, wo) as the input gradient's correlation reads it: zeros inserted between its
+        rows and columns for a strided layer (cropped to zh x zw), then padded (see `__init__`)."""
+        z = dout
+        if self.strided:
+            z = self.dilate(_RESHAPE(dout, (n, k, self.ho, 1, self.wo, 1)))
+            z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))
+            if self.z_sliced:
+                z = _crop(z, (0, 0, self.zh, self.zw))
+        if self.z_pre_needed:
+            z = self.z_pad(z)
+        return z
+
     def construct(self, x, w):
         return _correlate(self.im2col, self._pre(x), _RESHAPE(w, (w.shape[0], -1)), self.ho, self.wo, self.one_gemm)
 
@@ -359,14 +372,7 @@ class _ConvFn(nn.Cell):
             dout = ops.depend(dout, dw)  # (2): the input gradient starts once the columns are consumed
         if self.by_phase:
             return self._dx_by_phase(dout, w, n, c), dw
-        z = dout
-        if self.strided:
-            z = self.dilate(_RESHAPE(dout, (n, k, self.ho, 1, self.wo, 1)))
-            z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))
-            if self.z_sliced:
-                z = _crop(z, (0, 0, self.zh, self.zw))
-        if self.z_pre_needed:
-            z = self.z_pad(z)
+        z = self._dilated_dy(dout, n, k)
         wt = _input_grad_kernel(w, self.tap_map)
         dx = _correlate_t(self.z_im2col, z, wt, self.dxh, self.dxw, self.one_gemm)
         if self.cropped:
@@ -441,14 +447,7 @@ class _GroupedFn(_ConvFn):
         dw = _RESHAPE(_SUM(_BMM_NT(_RESHAPE(dout, (n, g, k // g, l)), cols), 0), w.shape)
         if _ORDERED_BPROP:
             dout = ops.depend(dout, dw)
-        z = dout
-        if self.strided:
-            z = self.dilate(_RESHAPE(dout, (n, k, self.ho, 1, self.wo, 1)))
-            z = _RESHAPE(z, (n, k, self.ho * self.sh, self.wo * self.sw))
-            if self.z_sliced:
-                z = _crop(z, (0, 0, self.zh, self.zw))
-        if self.z_pre_needed:
-            z = self.z_pad(z)
+        z = self._dilated_dy(dout, n, k)
         wt = _input_grad_kernel(w, self.tap_map)  # (K * taps, Cg)
         dx = _group_correlate_t(self.z_im2col, z, _RESHAPE(wt, (g, -1, cg)), self.dxh, self.dxw)
         if self.cropped:
