@@ -323,6 +323,22 @@ SCRIPT = textwrap.dedent('''
     opt_step(*BATCHES[0])
     results["optimize"] = {"layers": [type(c).__name__ for c in opt_net.cells()],
                            "choices": [r["choice"] for r in opt_step.optimize_report]}
+
+    # a user who sets GRAPH_MODE for the whole script, as MindSpore's own tutorials do
+    ms.set_context(mode=ms.GRAPH_MODE)
+    g_net = make()
+
+    def forward_g(x, y):
+        return loss_fn(g_net(x), y)
+
+    g_step = mindstep.TrainStep(forward_g, nn.Momentum(g_net.trainable_params(), 0.1, 0.9),
+                                optimize={"force": {"*": "one-gemm"}})
+    g_step(*BATCHES[0])
+    g_table = mindstep.optimize(make(), (BATCHES[0][0],), force={"*": "batched"})
+    results["graph-mode"] = {"step": [r["choice"] for r in g_step.optimize_report],
+                             "optimize": [r["choice"] for r in g_table],
+                             "still_graph": ms.get_context("mode") == ms.GRAPH_MODE}
+    ms.set_context(mode=ms.PYNATIVE_MODE)
     print("RESULTS " + json.dumps(results))
 ''')
 
@@ -355,3 +371,11 @@ def test_precision_and_optimize_reach_a_global_network(script_results):
     assert script_results["o3"]["loss_cast"] == ["CrossEntropyLoss"]
     assert script_results["optimize"]["choices"] == ["one-gemm"]
     assert script_results["optimize"]["layers"][0] == "GemmConv2d"
+
+
+@pytest.mark.xdist_group("networks-script")  # shares the module fixture `script_results`
+def test_the_pass_sees_the_layers_when_the_script_runs_in_graph_mode(script_results):
+    # the shape probe's forward hooks fire in PyNative only: under a global GRAPH_MODE the pass once saw
+    # no layer and silently rewrote nothing
+    got = script_results["graph-mode"]
+    assert got == {"step": ["one-gemm"], "optimize": ["batched"], "still_graph": True}

@@ -66,17 +66,27 @@ def _eager(cell, tensors):
 
 
 @contextlib.contextmanager
-def graph_mode():
-    """Run the body with `mode=GRAPH_MODE`, restoring the caller's mode after, also on error."""
+def _in_mode(mode):
     previous = _current_mode()
-    if previous == ms.GRAPH_MODE:
+    if previous == mode:
         yield
         return
-    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_context(mode=mode)
     try:
         yield
     finally:
         ms.set_context(mode=previous)
+
+
+def graph_mode():
+    """Run the body with `mode=GRAPH_MODE`, restoring the caller's mode after, also on error."""
+    return _in_mode(ms.GRAPH_MODE)
+
+
+def pynative_mode():
+    """Run the body with `mode=PYNATIVE_MODE`, restoring the caller's mode after, also on error
+    (forward hooks, which the shape probes use, fire only in PyNative)."""
+    return _in_mode(ms.PYNATIVE_MODE)
 
 
 def to_tensor(index: int, value):
