@@ -145,12 +145,13 @@ def test_whole_network_gradients_equal_native_for_forced_decision_tables(name, t
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("name", ["mlp", "bert"])
-def test_the_pass_leaves_networks_without_convolutions_alone(name, tmp_path):
+@pytest.mark.parametrize("name, rewritten", [("mlp", []), ("bert", ["layers.0.ff.1", "layers.1.ff.1"])])
+def test_the_pass_rewrites_only_convolutions_and_gelus(name, rewritten, tmp_path):
     spec = MODELS[name]
     ms.set_seed(0)
     net = spec.build(8, 8)
     before = [(p.name, id(p)) for p in net.get_parameters()]
     x = spec.batch(np.random.default_rng(0), 2, 8, 8)[0]
-    assert optimize(net, (x,), force={"*": "one-gemm"}, cache_dir=str(tmp_path)) == []
+    table = optimize(net, (x,), force={"*": "one-gemm"}, cache_dir=str(tmp_path))
+    assert [(r["layer"], r["choice"]) for r in table] == [(layer, "composed") for layer in rewritten]
     assert [(p.name, id(p)) for p in net.get_parameters()] == before

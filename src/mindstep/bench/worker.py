@@ -110,7 +110,7 @@ def run(spec: dict) -> dict:
             budget = step.optimize_budget_mb
             settings["memory_budget_mb"] = None if budget is None else round(budget, 1)
             settings["memory_budget_from"] = spec.get("budget_source", "process memory before the pass")
-            settings["rewritten"] = f"{sum(r['choice'] != 'native' for r in table)}/{len(table)} Conv2d"
+            settings["rewritten"] = f"{sum(r['choice'] != 'native' for r in table)}/{len(table)} layers"
             settings["optimize_report"] = table
         if k > 1:
             settings["timed_as"] = f"per call, the mean over each window of {k} calls"

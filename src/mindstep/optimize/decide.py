@@ -21,11 +21,13 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
+from . import gelu as _gelu
 from .conv import GemmConv2d, conv_pads, forms_for, matmul_only, out_shape, pointwise, single_tap
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
 FORMULATION = "gemmconv-19"
+GELU_FORMULATION = "gelu-1"  # the same, for `optimize.gelu`
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -357,35 +359,61 @@ def plausible_forms(conv: nn.Conv2d, shape: tuple) -> tuple:
     return forms
 
 
-def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> dict:
-    """Time native and every composed form as the step runs them: forward, weight gradients and,
-    unless the layer's input is the batch itself (`input_grad=False`), the input gradient. A form
-    whose results differ from native beyond `CHECK_RTOL` is left out, and the reason says so."""
-    rng = np.random.default_rng(0)
-    nptype = ms.dtype_to_nptype(dtype)
-    x = ms.Tensor(rng.standard_normal(shape).astype(nptype))
-    r = ms.Tensor(rng.standard_normal(out_shape(conv, shape)).astype(nptype))
-    native = _Timed(conv, x, r, input_grad)
-    reference = native.first()  # compiled first: the composed forms are checked against its results
+def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dict, unit: str = "") -> dict:
+    """Time `native` and every composed layer of `composed` ({form: Cell}) on input `x` with output
+    weights `r`, as the step runs them (forward, weight gradients and, if `input_grad`, the input
+    gradient), and choose (`choose`, with `memory`: {form: extra MB}, native included). A form whose
+    loss or gradients differ from native beyond `CHECK_RTOL` is left out, and the reason says so."""
+    timed_native = _Timed(native, x, r, input_grad)
+    reference = timed_native.first()  # compiled first: the composed forms are checked against its results
     times, rejected = {}, {}
-    # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
-    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape)
-    for form in forms:
-        timed = _Timed(GemmConv2d(conv, (shape[2], shape[3]), form), x, r, input_grad)
+    for form, layer in composed.items():
+        timed = _Timed(layer, x, r, input_grad)
         err = mismatch(reference, timed.first())
         if err > CHECK_RTOL:
             rejected[form] = err
         else:
             times[form] = timed.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None)
     # native last, so that a native layer far slower than a composed form is timed once, not REPEATS times
-    times = {"native": native.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None), **times}
-    memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
+    times = {"native": timed_native.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None), **times}
     choice = choose(times, memory)
     shown = ", ".join(f"{k} {v:.1f} ms/{memory[k]:.0f} MB" for k, v in times.items())
     shown += "".join(f"; {f} left out: differs from native by {e:.1e} (relative)" for f, e in rejected.items())
-    composed = [v for k, v in times.items() if k != "native"]
-    gemm = times[choice] if choice != "native" else (min(composed) if composed else float("nan"))
-    return {"choice": choice, "native_ms": round(times["native"], 3), "gemm_ms": round(gemm, 3),
+    others = [v for k, v in times.items() if k != "native"]
+    best = times[choice] if choice != "native" else (min(others) if others else float("nan"))
+    return {"choice": choice, "native_ms": round(times["native"], 3), "gemm_ms": round(best, 3),
             "times": {k: round(v, 3) for k, v in times.items()},
             "extra_mb": round(memory[choice], 1),
-            "reason": f"measured fwd+bwd{'' if input_grad else _NO_DX}: {shown}"}
+            "reason": f"measured fwd+bwd{'' if input_grad else _NO_DX}{unit}: {shown}"}
+
+
+def _inputs(shape: tuple, out: tuple, dtype):
+    rng = np.random.default_rng(0)
+    nptype = ms.dtype_to_nptype(dtype)
+    return (ms.Tensor(rng.standard_normal(shape).astype(nptype)),
+            ms.Tensor(rng.standard_normal(out).astype(nptype)))
+
+
+def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> dict:
+    """`compare` a conv layer with its composed forms (`plausible_forms`) at this input shape: the
+    step's forward, weight gradients and, unless the layer's input is the batch itself
+    (`input_grad=False`), its input gradient."""
+    x, r = _inputs(shape, out_shape(conv, shape), dtype)
+    # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
+    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape)
+    composed = {form: GemmConv2d(conv, (shape[2], shape[3]), form) for form in forms}
+    memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
+    return compare(conv, composed, x, r, input_grad, memory)
+
+
+def gelu_key(device: str, gelu, shape: tuple, dtype) -> str:
+    return (f"{device}|mindspore-{ms.__version__}|{GELU_FORMULATION}|{_gelu.config(gelu)}"
+            f"|in{tuple(shape)} {dtype}")
+
+
+def measure_gelu(gelu, shape: tuple, dtype) -> dict:
+    """`compare` an `nn.GELU` with its composed form (`optimize.gelu`) at this input shape."""
+    x, r = _inputs(shape, shape, dtype)
+    composed = {form: _gelu.ComposedGELU(gelu, form) for form in _gelu.FORMS}
+    memory = {"native": 0.0, **{f: _gelu.extra_mb(shape) for f in _gelu.FORMS}}
+    return compare(gelu, composed, x, r, True, memory)

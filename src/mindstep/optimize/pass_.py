@@ -11,12 +11,18 @@ from .._cells import replace_cell
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide
+from . import gelu as _gelu
 from .conv import FORMS, GemmConv2d, conv_pads, forms_for, supported
 
 
+def _rewritable(cell) -> bool:
+    return isinstance(cell, nn.Conv2d) or _gelu.is_gelu(cell)
+
+
 def record_conv_inputs(nets, run, inputs=()) -> dict:
-    """{id(conv): (input shape, dtype, input needs a gradient)} for every Conv2d in `nets`, from one
-    eager, inference-mode call of `run()` (see `mindstep._probe.probe_forward`).
+    """{id(layer): (input shape, dtype, input needs a gradient)} for every layer in `nets` the pass can
+    rewrite (`nn.Conv2d`, `nn.GELU`), from one eager, inference-mode call of `run()` (see
+    `mindstep._probe.probe_forward`).
 
     A conv whose input is one of `inputs` itself (the batch, e.g. the stem of an image model) needs
     no input gradient in a training step: MindSpore drops that unused computation from the compiled
@@ -27,7 +33,7 @@ def record_conv_inputs(nets, run, inputs=()) -> dict:
         leaf = any(args[0] is t for t in inputs)
         shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype, not leaf))
 
-    probe_forward(nets, lambda cell: hook if isinstance(cell, nn.Conv2d) else None, run)
+    probe_forward(nets, lambda cell: hook if _rewritable(cell) else None, run)
     return shapes
 
 
@@ -100,26 +106,29 @@ def check_force(force) -> dict | None:
     """Validate `force=`: None, or a dict of layer-name patterns (fnmatch) to a form or 'native'."""
     if force is None:
         return None
-    choices = ("native",) + FORMS
+    choices = ("native",) + FORMS + _gelu.FORMS
     if not isinstance(force, dict) or not all(isinstance(k, str) for k in force):
         raise bad_type("force", force, "None or a dict {layer-name pattern: form}",
                        "Example: force={'*': 'one-gemm'} or force={'layer4.*': 'batched', '*': 'native'}.")
     for pattern, form in force.items():
         if form not in choices:
             raise bad_value(f"force[{pattern!r}]", form, f"one of {choices}",
-                            "Name a composed form, or 'native' to keep the layer as it is.")
+                            "Name a composed form, or 'native' to keep the layer as it is (a conv form "
+                            "asked of a GELU layer gives 'composed', and 'composed' asked of a conv its "
+                            "first form).")
     return dict(force)
 
 
-def forced_form(name: str, conv: nn.Conv2d, force: dict | None) -> tuple[str, str] | None:
-    """(form, pattern) of the first `force` pattern matching the layer name, or None. A '+phases'
-    form asked of a layer it does not apply to (not strided, or dilated) gives its base form; a form
-    a grouped (or depthwise) layer does not have gives its one form ("batched")."""
+def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] | None:
+    """(form, pattern) of the first `force` pattern matching the layer name, or None; `forms` are the
+    layer's own composed forms. A '+phases' form asked of a layer it does not apply to (not strided,
+    or dilated) gives its base form; a form the layer does not have otherwise gives its first one (a
+    grouped or depthwise conv: "batched"; a GELU: "composed")."""
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
-            if form != "native" and form not in forms_for(conv):
+            if form != "native" and form not in forms:
                 base = form.split("+")[0]
-                form = base if base in forms_for(conv) else forms_for(conv)[0]
+                form = base if base in forms else forms[0]
             return form, pattern
     return None
 
@@ -127,7 +136,7 @@ def forced_form(name: str, conv: nn.Conv2d, force: dict | None) -> tuple[str, st
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
             measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None,
             share: bool = True) -> list[dict]:
-    """Decide and rewrite every Conv2d whose input shape is known; return the decision table.
+    """Decide and rewrite every Conv2d and GELU whose input shape is known; return the decision table.
 
     `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap). `force`
     (see `check_force`) fixes the form of the layers whose names match, without measuring: the
@@ -142,14 +151,22 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
     table, dirty, todo, configs = [], False, [], set()
     for net in nets:
         for name, cell in list(net.cells_and_names()):
-            if not isinstance(cell, nn.Conv2d) or id(cell) not in shapes:
+            if id(cell) not in shapes:
                 continue
             shape, dtype, input_grad = shapes[id(cell)]
+            if _gelu.is_gelu(cell):
+                row = _gelu_row(name, cell, shape, dtype, device, cache, force, measure)
+                dirty = dirty or row.pop("measured", False)
+                table.append(row)
+                todo.append((net, name, cell, shape, row))
+                continue
+            if not isinstance(cell, nn.Conv2d):
+                continue
             row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
                    f"{cell.kernel_size[1]} s{cell.stride[0]}" + (f" g{cell.group}" if cell.group != 1 else ""),
                    "input": list(shape)}
             ok, why = supported(cell)
-            forced = forced_form(name, cell, force) if ok else None
+            forced = forced_form(name, forms_for(cell), force) if ok else None
             if not ok:
                 row.update(choice="native", reason=why)
             elif forced is not None:
@@ -195,8 +212,43 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
         row.pop("options", None)
     for net, name, cell, shape, row in todo:
         if row["choice"] != "native":
-            replace_cell(net, name, GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
+            new = (_gelu.ComposedGELU(cell, row["choice"]) if _gelu.is_gelu(cell)
+                   else GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
+            replace_cell(net, name, new)
     return table
+
+
+def _gelu_row(name: str, cell, shape, dtype, device, cache: dict, force, measure: bool) -> dict:
+    """The decision row of one `nn.GELU` layer (see `rewrite`); `measured` is set when it was
+    measured now (the cache then needs saving). Each distinct input shape is measured: an elementwise
+    layer has no widths to share decisions across."""
+    row = {"layer": name, "config": _gelu.config(cell), "input": list(shape)}
+    ok, why = _gelu.supported(cell, dtype)
+    forced = forced_form(name, _gelu.FORMS, force) if ok else None
+    if not ok:
+        row.update(choice="native", reason=why)
+    elif forced is not None:
+        form, pattern = forced
+        mb = 0.0 if form == "native" else _gelu.extra_mb(shape)
+        row.update(choice=form, extra_mb=round(mb, 1), options={form: (0.0, mb)},
+                   reason=f"forced by force[{pattern!r}]")
+    elif device in decide.NATIVE_FAST_DEVICES:
+        row.update(choice="native", reason=f"native kernels are fast on {device}")
+    else:
+        k = decide.gelu_key(device, cell, shape, dtype)
+        cached = k in cache
+        if not cached and measure:
+            cache[k] = decide.measure_gelu(cell, shape, dtype)
+            row["measured"] = True
+        found = cache.get(k)
+        if found is None:
+            row.update(choice="native", reason="not measured (measure=False) and not in the cache")
+        else:
+            row.update({**found, "cached": cached})
+            row["options"] = {form: (ms_, 0.0 if form == "native" else round(_gelu.extra_mb(shape), 1))
+                              for form, ms_ in found.get("times", {}).items()}
+            row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
+    return row
 
 
 def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_dir: str | None = None,
@@ -206,10 +258,11 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
 
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
-    numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col + GEMM with a GEMM
-    backward (see `mindstep.optimize.conv`), chosen per layer configuration and input shape by
-    timing both forms forward + backward on this device (cached on disk, see
-    `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
+    numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col +
+    GEMM with a GEMM backward (see `mindstep.optimize.conv`), and `nn.GELU` (float32) -> elementwise
+    kernels with a recomputing backward (`mindstep.optimize.gelu`); each chosen per layer
+    configuration and input shape by timing both forms forward + backward on this device (cached on
+    disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
     Args:
         net: the network to rewrite in place.
@@ -222,15 +275,17 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             time per MB saved step down to a leaner form or back to native (`apply_budget`). "auto" (default): `budget_mb` with this process's memory
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
-            'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases'): those layers take that form
-            without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
+            'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, 'composed' for
+            GELU; a form a layer lacks gives its first one): those layers take that form without
+            measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
             counts are within 2x of its own (`decide.SHARE_FACTOR`) instead of measuring it (default);
             False measures every distinct shape.
 
     Returns:
-        The decision table: one dict per Conv2d with `layer`, `config`, `input`, `choice`,
-        `reason` and, when measured, `native_ms`, `gemm_ms`, `extra_mb`.
+        The decision table: one dict per Conv2d or GELU with `layer`, `config`, `input`, `choice`,
+        `reason` and, when measured, `native_ms`, `gemm_ms` (the composed form's time: the chosen
+        one's, else the fastest), `extra_mb`.
 
     Example:
         >>> table = mindstep.optimize(net, (images,))  # doctest: +SKIP
@@ -280,10 +335,10 @@ def run_with_settings(nets, run, settings: dict, inputs=()) -> tuple[list[dict],
 
 
 def render(table: list[dict]) -> str:
-    lines = [f"{'layer':<28} {'config':<18} {'input':<18} {'choice':<7} {'native ms':>9} {'gemm ms':>8} "
+    lines = [f"{'layer':<28} {'config':<18} {'input':<18} {'choice':<7} {'native ms':>9} {'composed ms':>11} "
              f"{'extra MB':>8}  reason"]
     for r in table:
         lines.append(f"{r['layer']:<28} {r['config']:<18} {str(tuple(r['input'])):<18} {r['choice']:<7} "
-                     f"{r.get('native_ms', float('nan')):>9.1f} {r.get('gemm_ms', float('nan')):>8.1f} "
+                     f"{r.get('native_ms', float('nan')):>9.1f} {r.get('gemm_ms', float('nan')):>11.1f} "
                      f"{r.get('extra_mb', 0.0):>8.1f}  {r['reason']}")
     return "\n".join(lines)
