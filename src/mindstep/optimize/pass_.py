@@ -11,15 +11,24 @@ from .._cells import replace_cell
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide
-from . import gelu as _gelu
+from . import gelu, layernorm
 from .conv import FORMS, GemmConv2d, conv_pads, forms_for, supported
+
+# The layer kinds besides `nn.Conv2d` (which has its own forms, sharing and compile-memory rules): each
+# a module with `matches(cell)`, `supported(cell, shape, dtype)`, `config`, `FORMS`, `FORMULATION`,
+# `build(cell, form)` and `extra_mb(shape)`; their output has their input's shape.
+KINDS = (gelu, layernorm)
+
+
+def kind_of(cell):
+    return next((kind for kind in KINDS if kind.matches(cell)), None)
 
 
 def _rewritable(cell) -> bool:
-    return isinstance(cell, nn.Conv2d) or _gelu.is_gelu(cell)
+    return isinstance(cell, nn.Conv2d) or kind_of(cell) is not None
 
 
-def record_conv_inputs(nets, run, inputs=()) -> dict:
+def record_inputs(nets, run, inputs=()) -> dict:
     """{id(layer): (input shape, dtype, input needs a gradient)} for every layer in `nets` the pass can
     rewrite (`nn.Conv2d`, `nn.GELU`), from one eager, inference-mode call of `run()` (see
     `mindstep._probe.probe_forward`).
@@ -106,7 +115,7 @@ def check_force(force) -> dict | None:
     """Validate `force=`: None, or a dict of layer-name patterns (fnmatch) to a form or 'native'."""
     if force is None:
         return None
-    choices = ("native",) + FORMS + _gelu.FORMS
+    choices = tuple(dict.fromkeys(("native",) + FORMS + sum((kind.FORMS for kind in KINDS), ())))
     if not isinstance(force, dict) or not all(isinstance(k, str) for k in force):
         raise bad_type("force", force, "None or a dict {layer-name pattern: form}",
                        "Example: force={'*': 'one-gemm'} or force={'layer4.*': 'batched', '*': 'native'}.")
@@ -114,8 +123,8 @@ def check_force(force) -> dict | None:
         if form not in choices:
             raise bad_value(f"force[{pattern!r}]", form, f"one of {choices}",
                             "Name a composed form, or 'native' to keep the layer as it is (a conv form "
-                            "asked of a GELU layer gives 'composed', and 'composed' asked of a conv its "
-                            "first form).")
+                            "asked of a GELU or LayerNorm layer gives 'composed', and 'composed' asked of "
+                            "a conv its first form).")
     return dict(force)
 
 
@@ -136,7 +145,8 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
             measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None,
             share: bool = True) -> list[dict]:
-    """Decide and rewrite every Conv2d and GELU whose input shape is known; return the decision table.
+    """Decide and rewrite every Conv2d, GELU and LayerNorm whose input shape is known; return the
+    decision table.
 
     `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap). `force`
     (see `check_force`) fixes the form of the layers whose names match, without measuring: the
@@ -154,9 +164,11 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
             if id(cell) not in shapes:
                 continue
             shape, dtype, input_grad = shapes[id(cell)]
-            if _gelu.is_gelu(cell):
-                row = _gelu_row(name, cell, shape, dtype, device, cache, force, measure)
-                dirty = dirty or row.pop("measured", False)
+            kind = kind_of(cell)
+            if kind is not None:
+                row = _kind_row(kind, name, cell, shape, dtype, device, cache, force, measure)
+                measured_now = row.pop("measured", False)
+                dirty = dirty or measured_now
                 table.append(row)
                 todo.append((net, name, cell, shape, row))
                 continue
@@ -212,40 +224,41 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
         row.pop("options", None)
     for net, name, cell, shape, row in todo:
         if row["choice"] != "native":
-            new = (_gelu.ComposedGELU(cell, row["choice"]) if _gelu.is_gelu(cell)
+            kind = kind_of(cell)
+            new = (kind.build(cell, row["choice"]) if kind is not None
                    else GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
             replace_cell(net, name, new)
     return table
 
 
-def _gelu_row(name: str, cell, shape, dtype, device, cache: dict, force, measure: bool) -> dict:
-    """The decision row of one `nn.GELU` layer (see `rewrite`); `measured` is set when it was
-    measured now (the cache then needs saving). Each distinct input shape is measured: an elementwise
-    layer has no widths to share decisions across."""
-    row = {"layer": name, "config": _gelu.config(cell), "input": list(shape)}
-    ok, why = _gelu.supported(cell, dtype)
-    forced = forced_form(name, _gelu.FORMS, force) if ok else None
+def _kind_row(kind, name: str, cell, shape, dtype, device, cache: dict, force, measure: bool) -> dict:
+    """The decision row of one layer of a `KINDS` kind (see `rewrite`); `measured` is set when it was
+    measured now (the cache then needs saving). Each distinct input shape is measured (no sharing
+    across widths: these layers have few distinct shapes per network)."""
+    row = {"layer": name, "config": kind.config(cell), "input": list(shape)}
+    ok, why = kind.supported(cell, shape, dtype)
+    forced = forced_form(name, kind.FORMS, force) if ok else None
     if not ok:
         row.update(choice="native", reason=why)
     elif forced is not None:
         form, pattern = forced
-        mb = 0.0 if form == "native" else _gelu.extra_mb(shape)
+        mb = 0.0 if form == "native" else kind.extra_mb(shape)
         row.update(choice=form, extra_mb=round(mb, 1), options={form: (0.0, mb)},
                    reason=f"forced by force[{pattern!r}]")
     elif device in decide.NATIVE_FAST_DEVICES:
         row.update(choice="native", reason=f"native kernels are fast on {device}")
     else:
-        k = decide.gelu_key(device, cell, shape, dtype)
+        k = decide.kind_key(device, kind, cell, shape, dtype)
         cached = k in cache
         if not cached and measure:
-            cache[k] = decide.measure_gelu(cell, shape, dtype)
+            cache[k] = decide.measure_kind(kind, cell, shape, dtype)
             row["measured"] = True
         found = cache.get(k)
         if found is None:
             row.update(choice="native", reason="not measured (measure=False) and not in the cache")
         else:
             row.update({**found, "cached": cached})
-            row["options"] = {form: (ms_, 0.0 if form == "native" else round(_gelu.extra_mb(shape), 1))
+            row["options"] = {form: (ms_, 0.0 if form == "native" else round(kind.extra_mb(shape), 1))
                               for form, ms_ in found.get("times", {}).items()}
             row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
     return row
@@ -259,8 +272,10 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
     numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col +
-    GEMM with a GEMM backward (see `mindstep.optimize.conv`), and `nn.GELU` (float32) -> elementwise
-    kernels with a recomputing backward (`mindstep.optimize.gelu`); each chosen per layer
+    GEMM with a GEMM backward (see `mindstep.optimize.conv`), `nn.GELU` (float32 or float16) ->
+    elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`), and
+    `nn.LayerNorm` over the last axis (float32 or float16) -> the native forward with a backward of
+    matrix-vector products (`mindstep.optimize.layernorm`); each chosen per layer
     configuration and input shape by timing both forms forward + backward on this device (cached on
     disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
@@ -276,15 +291,15 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
             'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, 'composed' for
-            GELU; a form a layer lacks gives its first one): those layers take that form without
-            measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
+            GELU and LayerNorm; a form a layer lacks gives its first one): those layers take that
+            form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
             counts are within 2x of its own (`decide.SHARE_FACTOR`) instead of measuring it (default);
             False measures every distinct shape.
 
     Returns:
-        The decision table: one dict per Conv2d or GELU with `layer`, `config`, `input`, `choice`,
-        `reason` and, when measured, `native_ms`, `gemm_ms` (the composed form's time: the chosen
+        The decision table: one dict per Conv2d, GELU or LayerNorm with `layer`, `config`, `input`,
+        `choice`, `reason` and, when measured, `native_ms`, `gemm_ms` (the composed form's time: the chosen
         one's, else the fastest), `extra_mb`.
 
     Example:
@@ -309,13 +324,14 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
 def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None = None, device=None,
              cache_dir=None, measure: bool = True, inputs=(), force=None,
              share: bool = True) -> tuple[list[dict], float | None]:
-    """Probe the conv input shapes with one `run()`, fix the budget, rewrite; `(table, budget)`.
+    """Probe the input shapes of the layers the pass can rewrite with one `run()`, fix the budget,
+    rewrite; `(table, budget)`.
 
     The one sequence behind `optimize` and `TrainStep(optimize=...)`. `memory_budget_mb="auto"`
     derives the budget with `budget_mb` (from `native_peak_mb` when given), counting the probe's own
     memory against it."""
     before = rss_mb()
-    shapes = record_conv_inputs(nets, run, inputs)
+    shapes = record_inputs(nets, run, inputs)
     if memory_budget_mb == "auto":
         memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
     table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
@@ -335,10 +351,10 @@ def run_with_settings(nets, run, settings: dict, inputs=()) -> tuple[list[dict],
 
 
 def render(table: list[dict]) -> str:
-    lines = [f"{'layer':<28} {'config':<18} {'input':<18} {'choice':<7} {'native ms':>9} {'composed ms':>11} "
+    lines = [f"{'layer':<28} {'config':<24} {'input':<18} {'choice':<7} {'native ms':>9} {'composed ms':>11} "
              f"{'extra MB':>8}  reason"]
     for r in table:
-        lines.append(f"{r['layer']:<28} {r['config']:<18} {str(tuple(r['input'])):<18} {r['choice']:<7} "
+        lines.append(f"{r['layer']:<28} {r['config']:<24} {str(tuple(r['input'])):<18} {r['choice']:<7} "
                      f"{r.get('native_ms', float('nan')):>9.1f} {r.get('gemm_ms', float('nan')):>11.1f} "
                      f"{r.get('extra_mb', 0.0):>8.1f}  {r['reason']}")
     return "\n".join(lines)
