@@ -28,11 +28,28 @@ def _x(shape, seed=0):
     return ms.Tensor(x)
 
 
-def _value_and_dx(layer, x, r):
+def _grads(layer, x, r):
+    """[output, input gradient, *parameter gradients] of `(layer(x) * r).sum()`."""
     def loss(x):
         return (layer(x) * r).sum()
 
-    return layer(x).asnumpy(), ms.grad(loss)(x).asnumpy()
+    params = layer.trainable_params()
+    dx, dps = ms.grad(loss, grad_position=0, weights=params)(x) if params else (ms.grad(loss)(x), ())
+    return [layer(x).asnumpy(), dx.asnumpy()] + [g.asnumpy() for g in dps]
+
+
+def assert_matches_native(native, composed, x, r, graph, names, rtol):
+    """`composed` gives `native`'s output and gradients (`names` them), in GRAPH_MODE if `graph`."""
+    if graph:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        expected, got = _grads(native, x, r), _grads(composed, x, r)
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert len(got) == len(expected) == len(names)
+    for e, g, what in zip(expected, got, names):
+        assert g.shape == e.shape and np.isfinite(g).all(), what
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=1e-5 * np.abs(e).max(), err_msg=what)
 
 
 @pytest.mark.parametrize("approximate", [True, False], ids=["tanh", "erf"])
@@ -40,29 +57,11 @@ def _value_and_dx(layer, x, r):
 @pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
 def test_composed_gelu_equals_native_forward_and_input_gradient(approximate, shape, graph):
     native = nn.GELU(approximate=approximate)
-    composed = ComposedGELU(native)
-    x, r = _x(shape), _x(shape, seed=1)
-    if graph:
-        ms.set_context(mode=ms.GRAPH_MODE)
-    try:
-        expected = _value_and_dx(native, x, r)
-        got = _value_and_dx(composed, x, r)
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-    for e, g, what in zip(expected, got, ("forward", "input gradient")):
-        assert g.shape == e.shape and np.isfinite(g).all(), what
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5 * np.abs(e).max(), err_msg=what)
+    assert_matches_native(native, ComposedGELU(native), _x(shape), _x(shape, seed=1), graph,
+                          ("forward", "input gradient"), rtol=1e-5)
 
 
 LN_SHAPES = [(3, 8), (2, 5, 16), (2, 3, 4, 7)]
-
-
-def _grads(layer, x, r):
-    def loss(x):
-        return (layer(x) * r).sum()
-
-    dx, dps = ms.grad(loss, grad_position=0, weights=layer.trainable_params())(x)
-    return [layer(x).asnumpy(), dx.asnumpy()] + [g.asnumpy() for g in dps]
 
 
 @pytest.mark.parametrize("shape", LN_SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -76,16 +75,7 @@ def test_composed_layernorm_equals_native_forward_and_all_gradients(shape, graph
     assert [id(p) for p in composed.trainable_params()] == [id(p) for p in native.trainable_params()]
     x = ms.Tensor((2.0 * rng.standard_normal(shape) + 1.0).astype(np.float32))
     r = ms.Tensor(rng.standard_normal(shape).astype(np.float32))
-    if graph:
-        ms.set_context(mode=ms.GRAPH_MODE)
-    try:
-        expected, got = _grads(native, x, r), _grads(composed, x, r)
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
-    assert len(got) == len(expected) == 4
-    for e, g, what in zip(expected, got, ("forward", "input gradient", "gamma", "beta")):
-        assert g.shape == e.shape, what
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * np.abs(e).max(), err_msg=what)
+    assert_matches_native(native, composed, x, r, graph, ("forward", "input gradient", "gamma", "beta"), rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["gelu", "layernorm"])
