@@ -57,9 +57,12 @@ def reset_pynative_grad() -> None:
 
 
 def _eager(cell, tensors):
-    """Run `cell.construct` in PyNative; after an exception, reset PyNative's grad state."""
+    """Run `cell.construct` in PyNative, whatever the caller's mode (under a global GRAPH_MODE,
+    MindSpore 2.10 failed inside the step's differentiation with "The pointer[seq_abs] is null");
+    after an exception, reset PyNative's grad state."""
     try:
-        return cell.construct(*tensors)
+        with pynative_mode():
+            return cell.construct(*tensors)
     except BaseException:
         reset_pynative_grad()
         raise

@@ -42,6 +42,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import _map
+from ._compile import pynative_mode
 
 
 def _objective(forward, scale, normalize: str, combine):
@@ -159,8 +160,11 @@ class StepGraph(Stages):
         self.reduce = reduce
         self.combine = combine
         if part != "update":
-            self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize, combine), None,
-                                             optimizer.parameters, has_aux=True)
+            # built in PyNative: under a global GRAPH_MODE, MindSpore 2.10 builds a staged (jit) grad
+            # function instead, which an eager step cannot call ("The pointer[seq_abs] is null")
+            with pynative_mode():
+                self.grad_fn = ms.value_and_grad(_objective(forward, scale, normalize, combine), None,
+                                                 optimizer.parameters, has_aux=True)
         self.counter = counter
         # a Python constant: each part compiles only its own stages
         self.part = part

@@ -171,9 +171,10 @@ class GANGraph(nn.Cell):
         self.g_inputs = g_inputs
         self.order = order
         self.phase = phase
-        self.d_grad = ms.value_and_grad(_objective(d_loss, d.scale, "mean", d.combine), None,
-                                        d.optimizer.parameters, has_aux=True)
-        self.g_grad = ms.value_and_grad(_objective(g_loss, g.scale, "mean", g.combine), 0, None, has_aux=True)
+        with _compile.pynative_mode():  # as in `_graph.StepGraph`: an eager step needs PyNative grad functions
+            self.d_grad = ms.value_and_grad(_objective(d_loss, d.scale, "mean", d.combine), None,
+                                            d.optimizer.parameters, has_aux=True)
+            self.g_grad = ms.value_and_grad(_objective(g_loss, g.scale, "mean", g.combine), 0, None, has_aux=True)
         self.g_params = g.optimizer.parameters
 
     def construct(self, *batch):
