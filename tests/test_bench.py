@@ -206,7 +206,7 @@ def test_opt_memory_budget_none_lifts_the_cap(tmp_path):
 
 
 def test_calibration_bisects_to_the_largest_budget_within_the_peak_ratio(monkeypatch):
-    from mindstep.optimize.decide import RETAINED
+    from mindstep.optimize.memory import RETAINED
 
     cfg = runner.BenchConfig(model="mlp", modes=("jit", "jit-opt"), batch_size=4).validate()
     seen = []

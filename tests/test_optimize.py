@@ -130,7 +130,7 @@ def test_rewritten_grouped_conv_equals_native_forward_and_all_gradients(case, gr
 
 
 def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():
-    from mindstep.optimize.decide import config_mb, extra_mb
+    from mindstep.optimize.memory import config_mb, extra_mb
 
     conv = make_conv(4, 6, 3, 1, "pad", 1, 1, True)
     layer = GemmConv2d(conv, (1, 1), "one-gemm")
@@ -144,7 +144,8 @@ def test_pointwise_layers_time_both_forms_on_maps_of_five_positions_or_more_and_
     batch), also on a 1x1 input, where its one tap is not `single_tap`'s case; below
     `BATCHED_MIN_POSITIONS` output positions only the one-GEMM forms are timed; a 3x3 layer on a 1x1
     input is the same GEMM in every form."""
-    from mindstep.optimize.decide import BATCHED_MIN_POSITIONS, extra_mb, measure, plausible_forms
+    from mindstep.optimize.decide import BATCHED_MIN_POSITIONS, measure, plausible_forms
+    from mindstep.optimize.memory import extra_mb
 
     pw = make_conv(8, 6, 1, 1, "valid", 0, 1, False)
     assert BATCHED_MIN_POSITIONS == 5
@@ -387,7 +388,7 @@ def _row(name, native_ms, gemm_ms, extra_mb, choice="one-gemm"):
 
 
 def test_memory_budget_keeps_the_rewrites_that_save_most_time_per_mb():
-    from mindstep.optimize.decide import RETAINED
+    from mindstep.optimize.memory import RETAINED
     from mindstep.optimize.pass_ import apply_budget
 
     rows = [_row("a", 100, 10, 10), _row("b", 50, 40, 30), _row("c", 60, 10, 20), _row("n", 5, 9, 0, "native")]
@@ -412,7 +413,7 @@ def test_zero_budget_sends_a_form_estimated_at_0_mb_native_too():
 
 
 def test_over_budget_a_layer_steps_down_to_a_leaner_form_before_native():
-    from mindstep.optimize.decide import RETAINED
+    from mindstep.optimize.memory import RETAINED
     from mindstep.optimize.pass_ import apply_budget
 
     rows = [dict(_row("a", 100, 10, 50), options={"native": (100, 0), "one-gemm": (10, 50), "batched": (12, 20)}),
@@ -524,12 +525,12 @@ def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered", 
     ("batched", 1, 16, 64, 32, 1.0, "group8")])
 def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch,
                                                                      at_most, kind):
-    """The budget rests on `decide.extra_mb` bounding what a composed layer adds to a step: MindSpore
+    """The budget rests on `memory.extra_mb` bounding what a composed layer adds to a step: MindSpore
     2.10 does not free all of a custom-bprop layer's temporaries between layers. Measured on an AMD
     EPYC (AVX2, AVX-512F), the growth from 1 to 3 chained layers stays under the estimate for layers
     2 and 3 (36 of 473 MB for the one-gemm stride-1 chain, 16 of 246 MB for the batched one (39 on a
     CI machine), 39 of 89 MB for the batched stride-2 chain, 56 of 137 MB with stride phases)."""
-    from mindstep.optimize.decide import config_mb, extra_mb
+    from mindstep.optimize.memory import config_mb, extra_mb
 
     grow = _chain_growth(tmp_path, form, stride, hw, channels, batch, kind=kind)
     conv = nn.Conv2d(channels, channels, 3, stride, pad_mode="pad", padding=1,

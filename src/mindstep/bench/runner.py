@@ -194,11 +194,11 @@ def calibrate_budget(cfg: BenchConfig, spec: dict, native_peak_mb: float, on_pro
     """Find the fastest jit-opt setting whose measured peak stays within PEAK_RATIO x the jit row's.
 
     How much of the per-layer memory estimate a whole step keeps varies by network (0 to 0.19
-    measured, see `decide.RETAINED`, and not in proportion layer by layer), so the bench measures
+    measured, see `optimize.memory.RETAINED`, and not in proportion layer by layer), so the bench measures
     instead of assuming: one step in a fresh process with no cap;
     if that is over, a bisection over the budget between 0 and what the no-cap run kept, keeping the
     largest budget whose peak is within the ratio; if none is, the pass's own default budget."""
-    from ..optimize.decide import RETAINED
+    from ..optimize.memory import RETAINED
     from ..optimize.pass_ import PEAK_RATIO
 
     limit = PEAK_RATIO * native_peak_mb

@@ -21,7 +21,8 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import GemmConv2d, conv_pads, forms_for, matmul_only, out_shape, pointwise, single_tap
+from .conv import GemmConv2d, conv_pads, forms_for, out_shape, single_tap
+from .memory import extra_mb
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
@@ -121,116 +122,6 @@ def shared(entry: dict, source: str, cache_key: str) -> dict:
             "gemm_ms": round(entry["gemm_ms"] * ratio, 3), "shared_from": source,
             "reason": f"shared from the measured {sin}->{sout} layer of the same geometry (channels within "
                       f"{SHARE_FACTOR:g}x; times scaled by multiply-adds): " + entry["reason"]}
-
-
-def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
-    """Extra memory (MB, fp32) a composed form may add to a training step, as an upper bound.
-
-    The sum of the layer's temporaries, read off `_ConvFn`'s geometry: the forward's columns and
-    GEMM operands, the recomputed columns and the weight-gradient GEMM's operands, the stride-dilated
-    and padded output gradient, the picked (flipped, transposed) kernel, and the input gradient's
-    columns and GEMM outputs. Not all of them are alive at once (`_ConvFn.bprop` orders its work so
-    that a layer's backward temporaries are freed before the next layer's backward), so the sum is
-    what a layer may cost at most; how much a step really keeps is measured: in chains of composed
-    layers 36 of 473 MB (one-gemm, stride 1), 15 of 246 MB (batched, stride 1), 39 of 89 MB
-    (batched, stride 2) and 56 of 137 MB (one-gemm + phases, stride 2) for layers 2 and 3
-    (tests/test_optimize.py checks the bound), and a fraction over whole networks (`RETAINED`). Layers that become a plain matmul
-    (`conv.matmul_only`; MindSpore's own autodiff) add only their operands' copies: the broadcast
-    kernel, or the batch-folded input and output gradient; ~0 on a 1x1 input.
-    """
-    n, c, h, w = shape
-    if conv.group != 1:
-        return _grouped_extra_mb(conv, shape)
-    if pointwise(conv, (h, w)):
-        k, l = conv.out_channels, h * w
-        if not form.startswith("one-gemm"):
-            return 4.0 * 2 * n * k * c / 2**20  # the kernel broadcast over the batch, per-sample dW products
-        return 0.0 if l == 1 else 4.0 * 2 * n * l * (c + k) / 2**20  # x and dY folded, y and dX unfolded
-    if matmul_only(conv, (h, w)):
-        return 0.0
-    fn = GemmConv2d(conv, (h, w), form).fn
-    k, kk = conv.out_channels, fn.kh * fn.kw
-    l, ldx = fn.ho * fn.wo, fn.dxh * fn.dxw
-    one = form.startswith("one-gemm")
-    # forward: the columns (one-gemm: and their batch-folded copy, and the unfolded output; batched:
-    # the kernel broadcast over the batch)
-    total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
-    total += n * c * kk * l                                   # backward: recomputed columns of x
-    if fn.pre_needed:
-        total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
-    total += (k * n * l + c * kk * n * l) if one else n * k * c * kk  # dW: folded operands / per-sample products
-    total += k * c * kk                                       # dW
-    if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
-        m = fn.mh * fn.mw
-        for phase in fn.phases:
-            th, tw = phase.taps
-            taps = th * tw
-            if taps == 0:
-                total += n * c * m
-                continue
-            total += n * k * (fn.mh + th - 1) * (fn.mw + tw - 1)
-            total += 3 * k * c * taps + n * k * taps * m * (2 if one else 1)
-            total += 2 * n * c * m if one else n * c * k * taps + n * c * m
-        total += 2 * n * c * m * fn.sh * fn.sw + n * c * h * w  # two stacks, the crop
-        return 4.0 * total / 2**20
-    if fn.strided:
-        total += n * k * fn.ho * fn.sh * fn.wo * fn.sw + n * k * fn.zh * fn.zw  # zero-inserted dY, cropped
-    if fn.z_pre_needed:
-        total += n * k * fn.zp_hw[0] * fn.zp_hw[1]            # padded dY
-    total += k * kk * kk + k * kk * c                         # tap map broadcast over K, picked kernel
-    total += n * k * kk * ldx * (2 if one else 1)             # dX columns (one-gemm: and their transpose)
-    total += 2 * n * c * ldx if one else n * c * k * kk + n * c * ldx  # dX GEMM (batched: broadcast kernel)
-    if fn.cropped:
-        total += n * c * h * w
-    return 4.0 * total / 2**20
-
-
-def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
-    """`extra_mb` for a grouped or depthwise layer (`conv._GroupedFn`): its temporaries, summed, as an
-    upper bound (K output channels, C input channels, C/G per group)."""
-    n, c, h, w = shape
-    fn = GemmConv2d(conv, (h, w)).fn
-    k, cg = conv.out_channels, c // conv.group
-    kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw  # the input gradient uses all kk taps
-    total = n * c * kk * l + n * k * cg * kk + n * k * l     # forward: columns, broadcast kernel, output
-    total += n * c * kk * l + n * k * cg * kk + k * cg * kk  # backward: recomputed columns, per-sample dW, dW
-    if fn.pre_needed:
-        total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
-    if fn.strided:
-        total += n * k * fn.ho * fn.sh * fn.wo * fn.sw + n * k * fn.zh * fn.zw  # zero-inserted dY, cropped
-    if fn.z_pre_needed:
-        total += n * k * fn.zp_hw[0] * fn.zp_hw[1]            # padded dY
-    total += k * kk * kk + k * kk * cg + n * k * kk * cg      # tap map over K, picked kernel, over the batch
-    total += n * k * kk * ldx + n * c * ldx                   # dX columns and GEMM output
-    if fn.cropped:
-        total += n * c * h * w
-    return 4.0 * total / 2**20
-
-
-# The fraction of `extra_mb`'s upper bound that a whole training step actually keeps. Measured on CPU
-# (`mindstep bench --modes jit,jit-opt --opt-memory-budget none --json F`, jit-opt's peak RSS over the
-# jit row's, divided by the summed estimate (the report's `extra_mb`) of the composed layers):
-# ResNet-18 at 32 px, batch 16, 114 of 589 MB (0.19); ResNet-50, batch 32, 94 of 966 MB (0.10);
-# rrdbnet -10 of 1051 MB (0). It was 0.5-0.8 while the composed forms used `Transpose` (whose memory
-# MindSpore 2.10 never reuses within a step) and 0.24-0.33 before `_ConvFn.bprop` ordered its work
-# (see there). A bit above the largest figure is used; this is an expectation, not a bound, and
-# `mindstep bench` calibrates its budget by measuring the peak instead.
-RETAINED = 0.25
-
-# Compile-time memory of one distinct composed configuration (each `_ConvFn` instance is compiled into
-# graphs of its own; layers sharing a configuration share them). Measured on CPU with 8 stride-2
-# layers of one configuration under ms.grad: native 35 MB, composed 49 MB, composed with phases 72 MB.
-CONFIG_MB = 15.0
-PHASE_MB = 6.0  # per stride phase cell
-
-
-def config_mb(conv: nn.Conv2d, form: str, input_hw) -> float:
-    """Compile-time memory of the first layer of a configuration in `form` at this input size (see
-    CONFIG_MB); layers that become a plain matmul compile no `_ConvFn`."""
-    if form == "native" or matmul_only(conv, input_hw):
-        return 0.0
-    phases = conv.stride[0] * conv.stride[1] if form.endswith("+phases") else 0
-    return CONFIG_MB + PHASE_MB * phases
 
 
 def choose(times: dict, memory: dict, native_margin: float = 1.0) -> str:

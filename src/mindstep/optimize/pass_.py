@@ -10,7 +10,7 @@ from mindspore import nn
 from .._cells import replace_cell
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
-from . import decide
+from . import decide, memory
 from . import gelu, layernorm
 from .conv import FORMS, GemmConv2d, conv_pads, forms_for, supported
 
@@ -73,8 +73,8 @@ def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
     Each row's `options` maps a form (native included) to `(ms, extra_mb)`; while the expected total
     is over the budget, the move to a leaner option of some layer that loses the fewest ms per MB
     saved is taken (a leaner *and* faster option first), so a layer steps down to a leaner composed
-    form before it goes back to native. A row's `extra_mb` is `decide.extra_mb`'s upper-bound
-    estimate; a whole step keeps about `decide.RETAINED` of it, which is what the budget counts.
+    form before it goes back to native. A row's `extra_mb` is `memory.extra_mb`'s upper-bound
+    estimate; a whole step keeps about `memory.RETAINED` of it, which is what the budget counts.
     """
     if budget_mb is None:
         return
@@ -89,7 +89,7 @@ def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
                          reason=f"memory budget is {budget_mb:g} MB: native instead of {r['choice']}; "
                                 + r["reason"].split("; ")[-1])
         return
-    total = decide.RETAINED * sum(r["extra_mb"] for r in rows if r["choice"] != "native")
+    total = memory.RETAINED * sum(r["extra_mb"] for r in rows if r["choice"] != "native")
     while total > budget_mb:
         best = None
         for r in rows:
@@ -105,7 +105,7 @@ def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
             break
         _, r, form = best
         old, (ms_o, mb_o) = r["choice"], r["options"][form]
-        total -= decide.RETAINED * (r["extra_mb"] - mb_o)
+        total -= memory.RETAINED * (r["extra_mb"] - mb_o)
         r.update(choice=form, extra_mb=round(mb_o, 1), gemm_ms=ms_o if form != "native" else r.get("gemm_ms"),
                  reason=f"over the memory budget ({budget_mb:.0f} MB): {form} instead of {old}, which would keep "
                         f"up to {r['options'][old][1]:.1f} MB; " + r["reason"].split("; ")[-1])
@@ -183,7 +183,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                 row.update(choice="native", reason=why)
             elif forced is not None:
                 form, pattern = forced
-                mb = 0.0 if form == "native" else decide.extra_mb(cell, shape, form)
+                mb = 0.0 if form == "native" else memory.extra_mb(cell, shape, form)
                 row.update(choice=form, extra_mb=round(mb, 1), options={form: (0.0, mb)},
                            reason=f"forced by force[{pattern!r}]")
             elif device in decide.NATIVE_FAST_DEVICES:
@@ -211,8 +211,8 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                     first = fn_key not in configs
                     configs.add(fn_key)
                     row["options"] = {form: (ms_, 0.0 if form == "native" else round(
-                        decide.extra_mb(cell, shape, form)
-                        + (decide.config_mb(cell, form, shape[2:]) if first else 0.0), 1))
+                        memory.extra_mb(cell, shape, form)
+                        + (memory.config_mb(cell, form, shape[2:]) if first else 0.0), 1))
                         for form, ms_ in times.items()}
                     row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
             table.append(row)
@@ -286,7 +286,7 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         cache_dir: where `decisions.json` lives (default `$MINDSTEP_CACHE_DIR` or ~/.cache/mindstep).
         measure: measure shapes missing from the cache (else leave them native).
         memory_budget_mb: cap on the summed extra memory the composed forms keep during a step
-            (estimated from the shapes, see `decide.extra_mb`); over it, the layers losing the least
+            (estimated from the shapes, see `memory.extra_mb`); over it, the layers losing the least
             time per MB saved step down to a leaner form or back to native (`apply_budget`). "auto" (default): `budget_mb` with this process's memory
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
