@@ -11,13 +11,13 @@ from .._cells import replace_cell
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
-from . import gelu, layernorm
+from . import gelu
 from .conv import FORMS, GemmConv2d, conv_pads, forms_for, supported
 
 # The layer kinds besides `nn.Conv2d` (which has its own forms, sharing and compile-memory rules): each
 # a module with `matches(cell)`, `supported(cell, shape, dtype)`, `config`, `FORMS`, `FORMULATION`,
 # `build(cell, form)` and `extra_mb(shape)`; their output has their input's shape.
-KINDS = (gelu, layernorm)
+KINDS = (gelu,)
 
 
 def kind_of(cell):
@@ -30,7 +30,7 @@ def _rewritable(cell) -> bool:
 
 def record_inputs(nets, run, inputs=()) -> dict:
     """{id(layer): (input shape, dtype, input needs a gradient)} for every layer in `nets` the pass can
-    rewrite (`nn.Conv2d`, `nn.GELU`), from one eager, inference-mode call of `run()` (see
+    rewrite (`nn.Conv2d`, `KINDS`), from one eager, inference-mode call of `run()` (see
     `mindstep._probe.probe_forward`).
 
     A conv whose input is one of `inputs` itself (the batch, e.g. the stem of an image model) needs
@@ -123,8 +123,8 @@ def check_force(force) -> dict | None:
         if form not in choices:
             raise bad_value(f"force[{pattern!r}]", form, f"one of {choices}",
                             "Name a composed form, or 'native' to keep the layer as it is (a conv form "
-                            "asked of a GELU or LayerNorm layer gives 'composed', and 'composed' asked of "
-                            "a conv its first form).")
+                            "asked of a GELU layer gives 'composed', and 'composed' asked of a conv its "
+                            "first form).")
     return dict(force)
 
 
@@ -145,8 +145,7 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
             measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None,
             share: bool = True) -> list[dict]:
-    """Decide and rewrite every Conv2d, GELU and LayerNorm whose input shape is known; return the
-    decision table.
+    """Decide and rewrite every Conv2d and GELU whose input shape is known; return the decision table.
 
     `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap). `force`
     (see `check_force`) fixes the form of the layers whose names match, without measuring: the
@@ -272,10 +271,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
     numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col +
-    GEMM with a GEMM backward (see `mindstep.optimize.conv`), `nn.GELU` (float32 or float16) ->
-    elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`), and
-    `nn.LayerNorm` over the last axis (float32 or float16) -> the native forward with a backward of
-    matrix-vector products (`mindstep.optimize.layernorm`); each chosen per layer
+    GEMM with a GEMM backward (see `mindstep.optimize.conv`), and `nn.GELU` (float32 or float16)
+    -> elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`); each
+    chosen per layer
     configuration and input shape by timing both forms forward + backward on this device (cached on
     disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
@@ -291,15 +289,15 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
             'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, 'composed' for
-            GELU and LayerNorm; a form a layer lacks gives its first one): those layers take that
+            GELU; a form a layer lacks gives its first one): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
             counts are within 2x of its own (`decide.SHARE_FACTOR`) instead of measuring it (default);
             False measures every distinct shape.
 
     Returns:
-        The decision table: one dict per Conv2d, GELU or LayerNorm with `layer`, `config`, `input`,
-        `choice`, `reason` and, when measured, `native_ms`, `gemm_ms` (the composed form's time: the chosen
+        The decision table: one dict per Conv2d or GELU with `layer`, `config`, `input`, `choice`,
+        `reason` and, when measured, `native_ms`, `gemm_ms` (the composed form's time: the chosen
         one's, else the fastest), `extra_mb`.
 
     Example:
