@@ -348,7 +348,7 @@ SCRIPT = textwrap.dedent('''
         return mindstep.TrainStep(forward_run, nn.Momentum(run_net.trainable_params(), 0.1, 0.9), **kwargs), run_net
 
     for label, kwargs in (("graph-eager", {"jit": False}), ("graph-function", {"compiler": "function"}),
-                          ("graph-cell", {})):
+                          ("graph-cell", {}), ("graph-debug", {"debug": True})):
         results[label] = run(*closure_step(**kwargs))
     gan_g, gan_d = nn.Dense(4, 4), nn.Dense(4, 1)
 
@@ -405,10 +405,10 @@ def test_the_pass_sees_the_layers_when_the_script_runs_in_graph_mode(script_resu
 
 
 @pytest.mark.xdist_group("networks-script")  # shares the module fixture `script_results`
-@pytest.mark.parametrize("where", ["graph-eager", "graph-function", "graph-cell"])
+@pytest.mark.parametrize("where", ["graph-eager", "graph-function", "graph-cell", "graph-debug"])
 def test_every_compiler_trains_like_the_reference_when_the_script_runs_in_graph_mode(script_results, where):
-    # an eager step (jit=False) under a global GRAPH_MODE once failed inside MindSpore ("The pointer[seq_abs]
-    # is null"): its grad function had been built as a staged one
+    # an eager step (jit=False), and debug=True's eager pass, under a global GRAPH_MODE once failed inside
+    # MindSpore ("The pointer[seq_abs] is null"): the grad function was built, or called, in GRAPH_MODE
     ref, got = script_results["reference"], script_results[where]
     np.testing.assert_allclose(got["losses"], ref["losses"], rtol=1e-5, atol=1e-6)
     for name, value in ref["state"].items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 
-from ._compile import reset_pynative_grad
+from ._compile import pynative_mode, reset_pynative_grad
 from .groups import labelled_groups
 
 
@@ -21,7 +21,8 @@ def _describe(t) -> str:
 def report(step, tensors) -> str:
     saved = [(p, p.asnumpy().copy()) for p in step._watch_all]
     try:
-        (scaled, (loss, weight, aux, parts)), grads = step.graph.grad_fn(*tensors)
+        with pynative_mode():  # an eager pass, whatever the caller's mode
+            (scaled, (loss, weight, aux, parts)), grads = step.graph.grad_fn(*tensors)
         lines = [f"mindstep debug ({step.name}): one eager pass of the stages before compiling"]
         for i, t in enumerate(tensors):
             lines.append(f"  input batch[{i}]: {_describe(t)}")
