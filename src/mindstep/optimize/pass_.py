@@ -176,18 +176,8 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
             row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
                    f"{cell.kernel_size[1]} s{cell.stride[0]}" + (f" g{cell.group}" if cell.group != 1 else ""),
                    "input": list(shape)}
-            ok, why = supported(cell)
-            forced = forced_form(name, forms_for(cell), force) if ok else None
-            if not ok:
-                row.update(choice="native", reason=why)
-            elif forced is not None:
-                form, pattern = forced
-                mb = 0.0 if form == "native" else memory.extra_mb(cell, shape, form)
-                row.update(choice=form, extra_mb=round(mb, 1), options={form: (0.0, mb)},
-                           reason=f"forced by force[{pattern!r}]")
-            elif device in decide.NATIVE_FAST_DEVICES:
-                row.update(choice="native", reason=f"native convolutions are fast on {device}")
-            else:
+            if not _settled(row, supported(cell), forms_for(cell), force, device, "convolutions",
+                            lambda form: memory.extra_mb(cell, shape, form)):
                 k = decide.key(device, cell, shape, dtype, input_grad)
                 cached = k in cache
                 source = decide.neighbour(cache, k) if share and not cached else None
@@ -230,23 +220,33 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
     return table
 
 
+def _settled(row: dict, support: tuple, forms: tuple, force, device: str, what: str, extra_mb) -> bool:
+    """Fill `row` for a layer decided without measuring, and say whether it was: not `supported`
+    (`support` = (ok, why)), forced by a `force` pattern (among the layer's `forms`; `extra_mb(form)` its
+    memory), or on a device whose native `what` are fast. False: the cache or a measurement decides."""
+    ok, why = support
+    forced = forced_form(row["layer"], forms, force) if ok else None
+    if not ok:
+        row.update(choice="native", reason=why)
+    elif forced is not None:
+        form, pattern = forced
+        mb = 0.0 if form == "native" else extra_mb(form)
+        row.update(choice=form, extra_mb=round(mb, 1), options={form: (0.0, mb)},
+                   reason=f"forced by force[{pattern!r}]")
+    elif device in decide.NATIVE_FAST_DEVICES:
+        row.update(choice="native", reason=f"native {what} are fast on {device}")
+    else:
+        return False
+    return True
+
+
 def _kind_row(kind, name: str, cell, shape, dtype, device, cache: dict, force, measure: bool) -> dict:
     """The decision row of one layer of a `KINDS` kind (see `rewrite`); `measured` is set when it was
     measured now (the cache then needs saving). Each distinct input shape is measured (no sharing
     across widths: these layers have few distinct shapes per network)."""
     row = {"layer": name, "config": kind.config(cell), "input": list(shape)}
-    ok, why = kind.supported(cell, shape, dtype)
-    forced = forced_form(name, kind.FORMS, force) if ok else None
-    if not ok:
-        row.update(choice="native", reason=why)
-    elif forced is not None:
-        form, pattern = forced
-        mb = 0.0 if form == "native" else kind.extra_mb(shape)
-        row.update(choice=form, extra_mb=round(mb, 1), options={form: (0.0, mb)},
-                   reason=f"forced by force[{pattern!r}]")
-    elif device in decide.NATIVE_FAST_DEVICES:
-        row.update(choice="native", reason=f"native kernels are fast on {device}")
-    else:
+    if not _settled(row, kind.supported(cell, shape, dtype), kind.FORMS, force, device, "kernels",
+                    lambda form: kind.extra_mb(shape)):
         k = decide.kind_key(device, kind, cell, shape, dtype)
         cached = k in cache
         if not cached and measure:
