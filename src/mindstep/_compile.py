@@ -57,9 +57,10 @@ def reset_pynative_grad() -> None:
 
 
 def _eager(cell, tensors):
-    """Run `cell.construct` in PyNative, whatever the caller's mode (under a global GRAPH_MODE,
-    MindSpore 2.10 failed inside the step's differentiation with "The pointer[seq_abs] is null");
-    after an exception, reset PyNative's grad state."""
+    """Run `cell.construct` in PyNative, whatever the caller's mode (under a global GRAPH_MODE the
+    sub-Cells it calls would compile themselves instead of running eagerly; the step's grad function
+    is built in PyNative for the same reason, see `_graph.StepGraph`); after an exception, reset
+    PyNative's grad state."""
     try:
         with pynative_mode():
             return cell.construct(*tensors)
