@@ -5,7 +5,7 @@ what it got, MindSpore's one-line reason and the fix; invalid TrainStep argument
 and change nothing (property tests with hypothesis)."""
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from mindspore import nn
 
@@ -83,6 +83,9 @@ BAD_ELEMENTS = st.one_of(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bad=BAD_ELEMENTS, position=st.sampled_from([0, 1]))
 def test_any_invalid_batch_element_raises_type_or_value_error_and_changes_nothing(bad, position):
+    # an (8, 10) float array as the labels is not invalid: nn.CrossEntropyLoss takes it as class
+    # probabilities for the MLP's 10 classes (the generator drew it in a fresh-clone run and nothing raised)
+    assume(not (position == 1 and isinstance(bad, np.ndarray) and bad.shape == (8, 10)))
     net, step = make(jit=False)  # eager keeps the examples fast; the compiled path has the tests above
     step(X, Y)
     before = params_np(net.get_parameters())
