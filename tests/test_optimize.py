@@ -11,7 +11,7 @@ from mindspore import nn
 
 from mindstep import TrainStep
 from mindstep.optimize import GemmConv2d, optimize
-from mindstep.optimize.conv import conv_pads, forms_for
+from mindstep.optimize.conv import NATIVE_DW, conv_pads, dw_forms, forms_for, matmul_only
 
 GRID = [
     # (cin, cout, kernel, stride, pad_mode, padding, dilation, bias, hw)
@@ -89,6 +89,29 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
     ref = grads_of(conv, x, ms.Tensor(np.ones(conv(x).shape, np.float32)))
     r = ms.Tensor(rng.standard_normal(ref[0].shape).astype(np.float32))
     assert_matches_native(conv, gemm, x, r, graph)
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c[0]}-{c[1]}-k{c[2]}-s{c[3]}-{c[4]}{c[5]}-d{c[6]}-b{int(c[7])}-{c[8]}px")
+@pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
+def test_native_weight_gradient_forms_equal_native_forward_and_all_gradients(case, graph):
+    """Per direction: each form with MindSpore's own weight-gradient kernel (NATIVE_DW) equals the
+    native layer; a layer that becomes a plain matmul has no such form, and asking for one says so."""
+    *conf, hw = case
+    conv = make_conv(*conf)
+    forms = dw_forms(conv, (hw, hw))
+    if matmul_only(conv, (hw, hw)):
+        assert forms == ()
+        with pytest.raises(ValueError, match="native-dw"):
+            GemmConv2d(conv, (hw, hw), "batched" + NATIVE_DW)
+        return
+    assert forms == tuple(f + NATIVE_DW for f in forms_for(conv))
+    rng = np.random.default_rng(0)
+    x = ms.Tensor(rng.standard_normal((3, conf[0], hw, hw)).astype(np.float32))
+    r = ms.Tensor(rng.standard_normal(conv(x).shape).astype(np.float32))
+    for form in forms:
+        gemm = GemmConv2d(conv, (hw, hw), form)
+        assert gemm.fn.native_dw
+        assert_matches_native(conv, gemm, x, r, graph)
 
 
 GROUPED_GRID = [
@@ -264,8 +287,62 @@ def test_rewritten_net_trains_to_the_same_parameters(jit, tmp_path):
         np.testing.assert_allclose(results[1][1][name], value, rtol=1e-3, atol=1e-4, err_msg=name)
 
 
+def _fake_times(monkeypatch, ms_of):
+    """`decide._Timed.time` returns `ms_of(layer)` instead of timing; the list of layers timed."""
+    from mindstep.optimize import decide
+
+    timed = []
+
+    def fake(self, repeats=decide.REPEATS, stop_above=None):
+        timed.append(self.probe.layer)
+        return ms_of(self.probe.layer)
+
+    monkeypatch.setattr(decide._Timed, "time", fake)
+    return timed
+
+
+@pytest.mark.parametrize("dw_ms, chosen", [(1.0, "one-gemm+native-dw"), (1.9, "one-gemm"), (3.0, "one-gemm")])
+def test_the_fastest_form_is_timed_with_the_native_weight_gradient_and_chosen_when_faster(monkeypatch, dw_ms, chosen):
+    from mindstep.optimize import decide
+
+    forms = {"batched": 5.0, "one-gemm": 2.0, "one-gemm+native-dw": dw_ms}
+    timed = _fake_times(monkeypatch, lambda layer: forms[layer.form] if isinstance(layer, GemmConv2d) else 10.0)
+    conv = make_conv(4, 6, 3, 1, "pad", 1, 1, False)
+    row = decide.measure(conv, (2, 4, 6, 6), ms.float32)
+    # one probe more than the forms: the fastest one (one-gemm) with the native weight gradient, checked
+    assert [getattr(layer, "form", "native") for layer in timed] == ["batched", "one-gemm", "native",
+                                                                     "one-gemm+native-dw"]
+    assert row["choice"] == chosen and row["times"]["one-gemm+native-dw"] == dw_ms
+    assert "one-gemm+native-dw " + f"{dw_ms:.1f} ms" in row["reason"]
+    # it must be REFINE_MARGIN faster than its form (2.0 ms): 1.9 is a near tie, and the reason says so
+    assert ("not 1.1x faster than one-gemm" in row["reason"]) == (chosen == "one-gemm")
+    # the native kernel's workspace is unknown: counted as its form, whose memory the row carries
+    assert decide.extra_mb(conv, (2, 4, 6, 6), "one-gemm+native-dw") == decide.extra_mb(conv, (2, 4, 6, 6), "one-gemm")
+    assert row["extra_mb"] == round(decide.extra_mb(conv, (2, 4, 6, 6), "one-gemm"), 1)
+
+
+def test_the_native_weight_gradient_variant_of_the_fastest_form_can_beat_a_faster_native(monkeypatch):
+    from mindstep.optimize import decide
+
+    forms = {"batched": 12.0, "one-gemm": 11.0, "one-gemm+native-dw": 8.0}
+    timed = _fake_times(monkeypatch, lambda layer: forms[layer.form] if isinstance(layer, GemmConv2d) else 10.0)
+    row = decide.measure(make_conv(4, 6, 3, 1, "pad", 1, 1, False), (2, 4, 6, 6), ms.float32)
+    assert row["choice"] == "one-gemm+native-dw" and len(timed) == 4
+
+
+def test_no_native_weight_gradient_form_is_timed_where_composed_is_far_slower_or_a_plain_matmul(monkeypatch):
+    from mindstep.optimize import decide
+
+    timed = _fake_times(monkeypatch, lambda layer: 30.0 if isinstance(layer, GemmConv2d) else 10.0)
+    row = decide.measure(make_conv(4, 6, 3, 1, "pad", 1, 1, False), (2, 4, 6, 6), ms.float32)
+    assert row["choice"] == "native" and not any(f.endswith(NATIVE_DW) for f in row["times"])
+    timed.clear()
+    row = decide.measure(make_conv(4, 6, 1, 1, "same", 0, 1, False), (2, 4, 6, 6), ms.float32)  # pointwise
+    assert not any(f.endswith(NATIVE_DW) for f in row["times"]) and len(timed) == 3
+
+
 def test_decisions_are_measured_cached_and_reused(tmp_path):
-    from mindstep.optimize.conv import FORMS
+    from mindstep.optimize.conv import ALL_FORMS
     from mindstep.optimize.decide import FORMULATION
 
     net = small_net()
@@ -278,8 +355,9 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     assert "no input gradient" in table[0]["reason"] and "no input gradient" not in table[1]["reason"]
     for key, entry in cache.items():
         assert key.startswith(f"CPU|mindspore-2.10.0|{FORMULATION}|conv2d ")
-        # the strided conv has the "+phases" forms too (a loaded machine has seen batched+phases win)
-        assert entry["choice"] in ("native", *FORMS) and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
+        # the strided conv has the "+phases" forms too (a loaded machine has seen batched+phases win),
+        # and every form a variant with the native weight gradient (this machine has seen it win)
+        assert entry["choice"] in ("native", *ALL_FORMS) and entry["native_ms"] > 0 and entry["gemm_ms"] > 0
     assert all("measured" in r["reason"] for r in table)
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
     assert [r["choice"] for r in again] == [r["choice"] for r in table]

@@ -25,7 +25,8 @@ from archs import DenseNet, MobileNetV2, smooth
 from mindstep._compile import graph_mode
 from mindstep.bench.zoo import MODELS
 from mindstep.optimize import optimize
-from mindstep.optimize.conv import FORMS, forms_for, supported
+from mindstep.optimize.conv import FORMS, NATIVE_DW, layer_forms, supported
+from mindstep.optimize.pass_ import record_inputs
 
 RTOL = 1e-4  # of each gradient's largest magnitude (floored at 1e-3 of the largest gradient overall)
 NOISE_FACTOR = 8
@@ -84,24 +85,30 @@ def _grads(net, loss_fn, batch):
     return float(loss.asnumpy()), [g.asnumpy() for g in grads]
 
 
-def _tables(net):
-    """Forced decision tables, as the form each layer gets: each form everywhere ('+phases' gives
-    its base form on layers it does not apply to, a depthwise layer its one form), then seeded random
-    mixes of native and the forms each layer has; tables that come out identical are tested once."""
-    convs = [(n, c) for n, c in net.cells_and_names() if isinstance(c, nn.Conv2d) and supported(c)[0]]
+# Besides each form everywhere, two forms with the native weight gradient everywhere (one batched, one
+# one-gemm by phases: both input-gradient paths); the mixes draw from every form a layer has.
+DW_TABLES = ("batched" + NATIVE_DW, "one-gemm+phases" + NATIVE_DW)
 
-    def given(form, conv):
-        if form in forms_for(conv):
-            return form
-        base = form.split("+")[0]
-        return base if base in forms_for(conv) else forms_for(conv)[0]
+
+def _tables(net, x):
+    """Forced decision tables, as the form each layer gets: each form everywhere (a form a layer
+    lacks gives the nearest it has: without '+phases' on a layer not strided, without the native
+    weight gradient on one that becomes a plain matmul, a depthwise layer its one form), then seeded
+    random mixes of native and the forms each layer has; tables that come out identical are tested once."""
+    shapes = record_inputs([net], lambda: net(x))
+    convs = [(n, c, layer_forms(c, shapes[id(c)][0][2:])) for n, c in net.cells_and_names()
+             if isinstance(c, nn.Conv2d) and supported(c)[0]]
+
+    def given(form, forms):
+        nearest = (form, form.replace("+phases", ""), form.replace(NATIVE_DW, ""), form.split("+")[0])
+        return next((f for f in nearest if f in forms), forms[0])
 
     tables = {}
-    for form in FORMS:
-        tables[form] = {n: given(form, c) for n, c in convs}
+    for form in FORMS + DW_TABLES:
+        tables[form] = {n: given(form, forms) for n, c, forms in convs}
     for seed in range(MIXES):
         r = random.Random(seed)
-        tables[f"mix{seed}"] = {n: r.choice(("native",) + forms_for(c)) for n, c in convs}
+        tables[f"mix{seed}"] = {n: r.choice(("native",) + forms) for n, c, forms in convs}
     unique = {}
     for label, table in tables.items():
         if table not in unique.values():
@@ -131,7 +138,7 @@ def test_whole_network_gradients_equal_native_for_forced_decision_tables(name, t
     assert noise < 1e-3, f"native gradients move by {noise:.2g} under a one-ulp input change: too ill-conditioned"
     tol = max(RTOL, NOISE_FACTOR * noise)
     failures = []
-    for label, table in _tables(net).items():
+    for label, table in _tables(net, batch[0]).items():
         net, loss_fn = _build(name)
         force = {n: f for n, f in table.items()}
         report = optimize(net, (batch[0],), force=force, cache_dir=str(tmp_path))

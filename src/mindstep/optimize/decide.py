@@ -1,8 +1,9 @@
 """Measured, cached choice between a native layer and its composed form.
 
 For each distinct (layer configuration, input shape) the pass times forward + input and weight
-gradients of both forms on the actual device, in GRAPH_MODE like the training step, keeps the faster
-one, and stores the decision in a JSON file keyed by device, MindSpore version and shape, so the
+gradients of native and the composed forms on the actual device, in GRAPH_MODE like the training
+step (for convs, the chosen form once more with the native weight-gradient kernel: per direction),
+keeps the fastest, and stores the decision in a JSON file keyed by device, MindSpore version and shape, so the
 measurement runs once per machine. On devices whose native convolutions are fast (GPU, Ascend) the
 layers are left native without measuring.
 """
@@ -21,12 +22,12 @@ import numpy as np
 from mindspore import nn
 
 from .._compile import graph_mode
-from .conv import GemmConv2d, conv_pads, forms_for, out_shape, single_tap
+from .conv import NATIVE_DW, GemmConv2d, conv_pads, dw_forms, forms_for, out_shape, single_tap
 from .memory import extra_mb
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-19"
+FORMULATION = "gemmconv-20"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -259,28 +260,53 @@ def plausible_forms(conv: nn.Conv2d, shape: tuple) -> tuple:
 
 
 def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dict,
-            native_margin: float = 1.0) -> dict:
+            native_margin: float = 1.0, refine=None) -> dict:
     """Time `native` and every composed layer of `composed` ({form: Cell}) on input `x` with output
     weights `r`, as the step runs them (forward, weight gradients and, if `input_grad`, the input
     gradient), and choose (`choose`, with `memory`: {form: extra MB}, native included, and
-    `native_margin`). A form whose
-    loss or gradients differ from native beyond `check_rtol` (of the input's dtype) is left out, and the
-    reason says so."""
+    `native_margin`). A form whose loss or gradients differ from native beyond `check_rtol` (of the
+    input's dtype) is left out, and the reason says so.
+
+    `refine(form)`, if given, returns variants of a form ({variant: Cell}; the conv's per-direction
+    forms, see `measure`). It is called with the chosen form, or when native is chosen with the
+    fastest composed form if that is within `CLEAR_RATIO` of native; each variant is timed and
+    checked like the others and takes its form's place (and memory) if it is `REFINE_MARGIN` times
+    faster than that form, and the choice is made again."""
     timed_native = _Timed(native, x, r, input_grad)
     reference = timed_native.first()  # compiled first: the composed forms are checked against its results
     times, rejected = {}, {}
-    for form, layer in composed.items():
-        timed = _Timed(layer, x, r, input_grad)
-        err = mismatch(reference, timed.first())
-        if err > check_rtol(x.dtype):
-            rejected[form] = err
-        else:
-            times[form] = timed.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None)
+
+    def run(forms: dict):
+        for form, layer in forms.items():
+            timed = _Timed(layer, x, r, input_grad)
+            err = mismatch(reference, timed.first())
+            if err > check_rtol(x.dtype):
+                rejected[form] = err
+            else:
+                times[form] = timed.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None)
+
+    run(composed)
     # native last, so that a native layer far slower than a composed form is timed once, not REPEATS times
     times = {"native": timed_native.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None), **times}
     choice = choose(times, memory, native_margin)
-    shown = ", ".join(f"{k} {v:.1f} ms/{memory[k]:.0f} MB" for k, v in times.items())
+    notes = ""
+    if refine is not None and len(times) > 1:
+        base = choice if choice != "native" else min((f for f in times if f != "native"), key=times.get)
+        if times[base] < CLEAR_RATIO * times["native"]:
+            variants = refine(base)
+            run(variants)
+            for form in variants:
+                if form not in times:
+                    continue
+                if times[form] * REFINE_MARGIN < times[base]:
+                    memory = {**memory, form: memory[base]}
+                    choice = choose({**{f: t for f, t in times.items() if f not in (base, *variants)},
+                                     form: times[form]}, memory, native_margin)
+                else:
+                    notes += f"; {form} not {REFINE_MARGIN:g}x faster than {base}"
+    shown = ", ".join(f"{k} {v:.1f} ms" + (f"/{memory[k]:.0f} MB" if k in memory else "") for k, v in times.items())
     shown += "".join(f"; {f} left out: differs from native by {e:.1e} (relative)" for f, e in rejected.items())
+    shown += notes
     if choice == "native" and native_margin > 1.0 and min(times.values()) < times["native"]:
         shown += f"; native kept: no form is {native_margin:g}x faster"
     others = [v for k, v in times.items() if k != "native"]
@@ -305,9 +331,26 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     x, r = _inputs(shape, out_shape(conv, shape), dtype)
     # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
     forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape)
-    composed = {form: GemmConv2d(conv, (shape[2], shape[3]), form) for form in forms}
+    hw = (shape[2], shape[3])
+    composed = {form: GemmConv2d(conv, hw, form) for form in forms}
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
-    return compare(conv, composed, x, r, input_grad, memory)
+
+    def per_direction(form: str) -> dict:
+        """The form with MindSpore's own weight-gradient kernel instead of its GEMM (one more probe,
+        not one per form: the forms differ in their forward and input gradient)."""
+        variant = form + NATIVE_DW
+        return {variant: GemmConv2d(conv, hw, variant)} if variant in dw_forms(conv, hw) else {}
+
+    return compare(conv, composed, x, r, input_grad, memory, refine=per_direction)
+
+
+# A per-direction variant (a conv form with MindSpore's own weight-gradient kernel) must be this much
+# faster than its form alone to take its place. Measured in whole steps (the bench models, batch 16 and
+# 4, one process, interleaved rounds, AMD EPYC Zen 4) while any faster variant was taken: ResNet-18
+# at 64 px 1.11x faster, at 32 px 1.03-1.14x, ResNet-50 at 32 px level, but rrdbnet 0.93-0.96x, where
+# 32 of 35 layers took variants that were level with their forms alone (20.0 vs 19.9 ms) or slower
+# (they were counted leaner then), and the step peaked 60 MB higher.
+REFINE_MARGIN = 1.1
 
 
 # A form of one of the pass's other kinds (`pass_.KINDS`) must be this much faster than native to be

@@ -12,7 +12,7 @@ from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
 from . import gelu
-from .conv import FORMS, GemmConv2d, conv_pads, forms_for, supported
+from .conv import ALL_FORMS, NATIVE_DW, GemmConv2d, conv_pads, layer_forms, supported
 
 # The layer kinds besides `nn.Conv2d` (which has its own forms, sharing and compile-memory rules): each
 # a module with `matches(cell)`, `supported(cell, shape, dtype)`, `config`, `FORMS`, `FORMULATION`,
@@ -115,7 +115,7 @@ def check_force(force) -> dict | None:
     """Validate `force=`: None, or a dict of layer-name patterns (fnmatch) to a form or 'native'."""
     if force is None:
         return None
-    choices = tuple(dict.fromkeys(("native",) + FORMS + sum((kind.FORMS for kind in KINDS), ())))
+    choices = tuple(dict.fromkeys(("native",) + ALL_FORMS + sum((kind.FORMS for kind in KINDS), ())))
     if not isinstance(force, dict) or not all(isinstance(k, str) for k in force):
         raise bad_type("force", force, "None or a dict {layer-name pattern: form}",
                        "Example: force={'*': 'one-gemm'} or force={'layer4.*': 'batched', '*': 'native'}.")
@@ -130,14 +130,15 @@ def check_force(force) -> dict | None:
 
 def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] | None:
     """(form, pattern) of the first `force` pattern matching the layer name, or None; `forms` are the
-    layer's own composed forms. A '+phases' form asked of a layer it does not apply to (not strided,
-    or dilated) gives its base form; a form the layer does not have otherwise gives its first one (a
-    grouped or depthwise conv: "batched"; a GELU: "composed")."""
+    layer's own composed forms. A form the layer does not have gives the nearest one it has: without
+    '+phases' (a layer not strided, or dilated), without the native weight gradient (a layer that
+    becomes a plain matmul, or a grouped one), the base form, else its first form (a grouped or
+    depthwise conv: "batched"; a GELU: "composed")."""
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             if form != "native" and form not in forms:
-                base = form.split("+")[0]
-                form = base if base in forms else forms[0]
+                nearest = (form.replace("+phases", ""), form.replace(NATIVE_DW, ""), form.split("+")[0])
+                form = next((f for f in nearest if f in forms), forms[0])
             return form, pattern
     return None
 
@@ -176,7 +177,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
             row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
                    f"{cell.kernel_size[1]} s{cell.stride[0]}" + (f" g{cell.group}" if cell.group != 1 else ""),
                    "input": list(shape)}
-            if not _settled(row, supported(cell), forms_for(cell), force, device, "convolutions",
+            if not _settled(row, supported(cell), layer_forms(cell, shape[2:]), force, device, "convolutions",
                             lambda form: memory.extra_mb(cell, shape, form)):
                 k = decide.key(device, cell, shape, dtype, input_grad)
                 cached = k in cache
@@ -271,11 +272,11 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
     numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col +
-    GEMM with a GEMM backward (see `mindstep.optimize.conv`), and `nn.GELU` (float32 or float16)
+    GEMM with a GEMM backward, or (per direction, ungrouped layers) with MindSpore's own
+    weight-gradient kernel (see `mindstep.optimize.conv`), and `nn.GELU` (float32 or float16)
     -> elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`); each
-    chosen per layer
-    configuration and input shape by timing both forms forward + backward on this device (cached on
-    disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
+    chosen per layer configuration and input shape by timing the forms forward + backward on this
+    device (cached on disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
     Args:
         net: the network to rewrite in place.
@@ -288,8 +289,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             time per MB saved step down to a leaner form or back to native (`apply_budget`). "auto" (default): `budget_mb` with this process's memory
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
-            'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, 'composed' for
-            GELU; a form a layer lacks gives its first one): those layers take that
+            'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, each also with
+            '+native-dw' (MindSpore's own weight-gradient kernel), 'composed' for GELU; a form a
+            layer lacks gives the nearest it has, see `forced_form`): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
             counts are within 2x of its own (`decide.SHARE_FACTOR`) instead of measuring it (default);
@@ -349,10 +351,11 @@ def run_with_settings(nets, run, settings: dict, inputs=()) -> tuple[list[dict],
 
 
 def render(table: list[dict]) -> str:
-    lines = [f"{'layer':<28} {'config':<24} {'input':<18} {'choice':<7} {'native ms':>9} {'composed ms':>11} "
+    wide = max([len("choice")] + [len(r["choice"]) for r in table])  # e.g. one-gemm+phases+native-dw
+    lines = [f"{'layer':<28} {'config':<24} {'input':<18} {'choice':<{wide}} {'native ms':>9} {'composed ms':>11} "
              f"{'extra MB':>8}  reason"]
     for r in table:
-        lines.append(f"{r['layer']:<28} {r['config']:<24} {str(tuple(r['input'])):<18} {r['choice']:<7} "
+        lines.append(f"{r['layer']:<28} {r['config']:<24} {str(tuple(r['input'])):<18} {r['choice']:<{wide}} "
                      f"{r.get('native_ms', float('nan')):>9.1f} {r.get('gemm_ms', float('nan')):>11.1f} "
                      f"{r.get('extra_mb', 0.0):>8.1f}  {r['reason']}")
     return "\n".join(lines)
