@@ -272,7 +272,7 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     Every rewritten layer keeps the same Parameter objects (checkpoints and optimizers are
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
     numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col +
-    GEMM with a GEMM backward, or (per direction, ungrouped layers) with MindSpore's own
+    GEMM with a GEMM backward, or (per direction) with MindSpore's own
     weight-gradient kernel (see `mindstep.optimize.conv`), and `nn.GELU` (float32 or float16)
     -> elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`); each
     chosen per layer configuration and input shape by timing the forms forward + backward on this
