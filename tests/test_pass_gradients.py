@@ -93,7 +93,7 @@ DW_TABLES = ("batched" + NATIVE_DW, "one-gemm+phases" + NATIVE_DW)
 def _tables(net, x):
     """Forced decision tables, as the form each layer gets: each form everywhere (a form a layer
     lacks gives the nearest it has: without '+phases' on a layer not strided, without the native
-    weight gradient on one that becomes a plain matmul, a depthwise layer its one form), then seeded
+    weight gradient on one that becomes a plain matmul, else its first form), then seeded
     random mixes of native and the forms each layer has; tables that come out identical are tested once."""
     shapes = record_inputs([net], lambda: net(x))
     convs = [(n, c, layer_forms(c, shapes[id(c)][0][2:])) for n, c in net.cells_and_names()

@@ -54,8 +54,9 @@ _ORDERED_BPROP = True
 
 
 def forms_for(conv) -> tuple:
-    """The composed forms that apply to this layer (phases only for strided, undilated layers; a
-    grouped one has one, "batched": its per-group GEMMs are batched over samples and groups)."""
+    """The composed forms that apply to this layer, weight gradient by GEMM (phases only for strided,
+    undilated layers; a grouped one has one, "batched": its per-group GEMMs are batched over samples
+    and groups). Each has a variant with the native weight gradient where `dw_forms` says so."""
     if conv.group != 1:
         return FORMS[:1]
     if max(conv.stride) > 1 and conv.dilation == (1, 1):
