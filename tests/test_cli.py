@@ -77,6 +77,9 @@ def test_cpu_summary_names_the_simd_families():
     assert _cpu.summary({"model": "EPYC", "arch": "x86_64", "cores": 2,
                          "simd": ["avx2", "avx512f", "avx512vnni", "avx512_vnni", "avx512_bf16"]}) == \
         "EPYC (x86_64, 2 cores; AVX2, AVX-512 F/VNNI/BF16)"
+    # two CPUs with one brand and one flag set tell apart by family and model, where reported
+    assert _cpu.summary({"model": "AMD EPYC", "arch": "x86_64", "cores": 2, "simd": ["avx2"], "family": 25,
+                         "model_number": 17}) == "AMD EPYC (family 25 model 17, x86_64, 2 cores; AVX2)"
 
 
 def test_env_text_names_each_device_and_the_cpu(capsys):
