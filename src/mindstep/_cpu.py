@@ -38,6 +38,13 @@ def describe() -> dict:
     return out
 
 
+def identity(cpu: dict) -> str:
+    """`"family 25 model 17, "` where the CPU reports both numbers, else empty."""
+    if cpu.get("family") is None or cpu.get("model_number") is None:
+        return ""
+    return f"family {cpu['family']} model {cpu['model_number']}, "
+
+
 def summary(cpu: dict) -> str:
     """One line: `AMD EPYC (family 25 model 17, x86_64, 2 cores; AVX2, AVX-512 F/DQ/CD/BW/VL)`; the
     family and model only where the CPU reports them."""
@@ -57,8 +64,6 @@ def summary(cpu: dict) -> str:
     if amx:
         parts.append("AMX " + "/".join(amx))
     parts += [f.upper() for f in simd if f.startswith(("asimd", "sve", "sme"))]
-    machine = f"{cpu.get('arch') or 'unknown arch'}, {cpu.get('cores') or '?'} cores"
-    if cpu.get("family") is not None and cpu.get("model_number") is not None:
-        machine = f"family {cpu['family']} model {cpu['model_number']}, " + machine
+    machine = f"{identity(cpu)}{cpu.get('arch') or 'unknown arch'}, {cpu.get('cores') or '?'} cores"
     flags = "; " + ", ".join(parts) if parts else "; no AVX/AVX-512/AMX/NEON/SVE flags reported"
     return f"{cpu.get('model') or 'unknown CPU'} ({machine}{flags})"

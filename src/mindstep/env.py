@@ -96,9 +96,7 @@ def render(info: dict) -> str:
     for target, d in info["devices"].items():
         lines.append(f"  {target:<7} {'yes' if d['usable'] else 'no ':<4} {d['detail']}")
     cpu = info["cpu"]
-    ident = (f"family {cpu['family']} model {cpu['model_number']}, "
-             if cpu.get("family") is not None and cpu.get("model_number") is not None else "")
-    lines.append(f"CPU           {cpu['model'] or 'unknown'} ({ident}{cpu['arch'] or 'unknown arch'})")
+    lines.append(f"CPU           {cpu['model'] or 'unknown'} ({_cpu.identity(cpu)}{cpu['arch'] or 'unknown arch'})")
     lines.append(f"  SIMD        {', '.join(cpu['simd']) or 'none reported'}")
     lines.append(f"CPU cores     {info['cpu_cores']}")
     if "gemm_peak" in info:

@@ -571,9 +571,12 @@ class GemmConv2d(nn.Cell):
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched"):
         super().__init__(auto_prefix=False)
         if form not in layer_forms(conv, input_hw):
-            why = ("a grouped layer has the batched form, with or without the native weight gradient"
-                   if conv.group != 1 else f"the '{NATIVE_DW}' forms are for layers that do not become a plain matmul"
-                   if form.endswith(NATIVE_DW) else "the '+phases' forms need a stride > 1 and no dilation")
+            if conv.group != 1:
+                why = "a grouped layer has the batched form, with or without the native weight gradient"
+            elif form.endswith(NATIVE_DW):
+                why = f"the '{NATIVE_DW}' forms are for layers that do not become a plain matmul"
+            else:
+                why = "the '+phases' forms need a stride > 1 and no dilation"
             raise ValueError(f"`form` must be one of {layer_forms(conv, input_hw)} for this layer at input size "
                              f"{tuple(input_hw)}, but got {form!r} ({why}).")
         self.form = form
