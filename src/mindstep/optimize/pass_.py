@@ -132,8 +132,8 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
     """(form, pattern) of the first `force` pattern matching the layer name, or None; `forms` are the
     layer's own composed forms. A form the layer does not have gives the nearest one it has: without
     '+phases' (a layer not strided, or dilated), without the native weight gradient (a layer that
-    becomes a plain matmul, or a grouped one), the base form, else its first form (a grouped or
-    depthwise conv: "batched"; a GELU: "composed")."""
+    becomes a plain matmul), the base form, else its first form (a grouped or depthwise conv:
+    "batched"; a GELU: "composed")."""
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             if form != "native" and form not in forms:
