@@ -8,6 +8,7 @@ import mindspore as ms
 from mindspore import nn
 
 from .._cells import replace_cell
+from .._compile import gc_frozen
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
@@ -331,11 +332,14 @@ def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None
     derives the budget with `budget_mb` (from `native_peak_mb` when given), counting the probe's own
     memory against it."""
     before = rss_mb()
-    shapes = record_inputs(nets, run, inputs)
-    if memory_budget_mb == "auto":
-        memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
-    table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
-                    memory_budget_mb=memory_budget_mb, force=force, share=share)
+    # every probe graph compiles behind MindSpore's full `gc.collect()`: keep the process's existing
+    # objects out of those walks (`gc_frozen`); what they leave behind is collected just below
+    with gc_frozen():
+        shapes = record_inputs(nets, run, inputs)
+        if memory_budget_mb == "auto":
+            memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
+        table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
+                        memory_budget_mb=memory_budget_mb, force=force, share=share)
     # the probes' Cells (and the graphs MindSpore compiled for them) are garbage now: free them before
     # the step compiles, rather than whenever Python's cycle collector next runs
     gc.collect()
