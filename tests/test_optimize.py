@@ -184,6 +184,12 @@ def test_pointwise_layers_time_both_forms_on_maps_of_five_positions_or_more_and_
     strided = make_conv(8, 6, 3, 2, "pad", 1, 1, False)
     assert plausible_forms(strided, (4, 8, 4, 4)) == ("one-gemm", "one-gemm+phases")  # 2x2 out
     assert plausible_forms(strided, (4, 8, 6, 6)) == forms_for(strided)  # 3x3 out: all four
+    downsample = make_conv(8, 6, 1, 2, "same", 0, 1, False)  # a strided 1x1: only the phase forms
+    assert plausible_forms(downsample, (4, 8, 6, 6)) == ("batched+phases", "one-gemm+phases")
+    assert plausible_forms(downsample, (4, 8, 4, 4)) == ("one-gemm+phases",)
+    # (its native-weight-gradient variant is timed too unless native is far faster: that depends on the machine)
+    assert set(measure(downsample, (4, 8, 4, 4), ms.float32)["times"]) - {"one-gemm+phases+native-dw"} == {
+        "native", "one-gemm+phases"}
     grouped = nn.Conv2d(8, 8, 3, pad_mode="same", group=8)
     assert plausible_forms(grouped, (4, 8, 2, 2)) == ("batched",)  # its only form
 
@@ -344,13 +350,21 @@ def test_no_native_weight_gradient_form_is_timed_where_composed_is_far_slower_or
     assert not any(f.endswith(NATIVE_DW) for f in row["times"]) and len(timed) == 3
 
 
-def test_decisions_are_measured_cached_and_reused(tmp_path):
+def test_decisions_are_measured_cached_and_reused(tmp_path, monkeypatch):
+    import gc
+
+    from mindstep.optimize import decide
     from mindstep.optimize.conv import ALL_FORMS
     from mindstep.optimize.decide import FORMULATION
 
+    frozen, first = [], decide._Timed.first
+    monkeypatch.setattr(decide._Timed, "first", lambda self: frozen.append(gc.get_freeze_count()) or first(self))
     net = small_net()
     x = np.ones((2, 3, 8, 8), np.float32)
     table = optimize(net, (x,), cache_dir=str(tmp_path))
+    # every probe compiled with the objects that existed before the pass out of MindSpore's gc.collect()
+    # walks, and none are left frozen after it
+    assert frozen and min(frozen) > 0 and gc.get_freeze_count() == 0
     cache = json.loads((tmp_path / "decisions.json").read_text())
     assert len(cache) == 3
     # the first conv's input is the batch: timed without the input gradient the step never computes
@@ -365,6 +379,27 @@ def test_decisions_are_measured_cached_and_reused(tmp_path):
     again = optimize(small_net(), (x,), cache_dir=str(tmp_path), measure=False)
     assert [r["choice"] for r in again] == [r["choice"] for r in table]
     assert json.loads((tmp_path / "decisions.json").read_text()) == cache
+
+
+def test_gc_frozen_restores_the_collector_even_on_error_and_leaves_a_callers_own_freeze():
+    import gc
+
+    from mindstep._compile import gc_frozen
+
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError):
+        with gc_frozen():
+            assert gc.get_freeze_count() > 0
+            raise RuntimeError("inside")
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        with gc_frozen():
+            pass
+        assert gc.get_freeze_count() == mine  # the caller's freeze is its own to undo
+    finally:
+        gc.unfreeze()
 
 
 def test_decision_families_pair_layers_that_differ_only_in_width():

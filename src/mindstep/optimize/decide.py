@@ -248,11 +248,20 @@ def time_layer(layer: nn.Cell, x, r, repeats: int = REPEATS, input_grad: bool = 
 BATCHED_MIN_POSITIONS = 5
 
 
+# A strided 1x1 conv (a ResNet downsample) times only its "+phases" forms: its one tap reads one phase
+# of the input, which those forms slice out before a stride-1 GEMM, where the others gather and, for
+# the input gradient, scatter over the whole map. In the 45 such measurements this project's decision
+# caches held (ResNet-18/50 at 32 and 64 px, AMD EPYC, 2026-11/12), the best other form took 1.06-7.3x
+# the best "+phases" form's time (median 2.5x; the smallest ratios on 2x2 inputs), never less.
+
+
 def plausible_forms(conv: nn.Conv2d, shape: tuple) -> tuple:
     """The composed forms worth timing for this layer at this input shape (`forms_for`, less the
     batched ones on maps of fewer than `BATCHED_MIN_POSITIONS` output positions where a one-GEMM
-    form exists)."""
+    form exists, and on a strided 1x1 layer only the "+phases" forms)."""
     forms = forms_for(conv)
+    if tuple(conv.kernel_size) == (1, 1) and any(f.endswith("+phases") for f in forms):
+        forms = tuple(f for f in forms if f.endswith("+phases"))
     _, _, ho, wo = out_shape(conv, shape)
     if ho * wo < BATCHED_MIN_POSITIONS and any(f.startswith("one-gemm") for f in forms):
         return tuple(f for f in forms if not f.startswith("batched"))
