@@ -187,6 +187,9 @@ def test_pointwise_layers_time_both_forms_on_maps_of_five_positions_or_more_and_
     downsample = make_conv(8, 6, 1, 2, "same", 0, 1, False)  # a strided 1x1: only the phase forms
     assert plausible_forms(downsample, (4, 8, 6, 6)) == ("batched+phases", "one-gemm+phases")
     assert plausible_forms(downsample, (4, 8, 4, 4)) == ("one-gemm+phases",)
+    # without an input gradient (a layer whose input is the batch) the phase forms are the others' graphs
+    assert plausible_forms(strided, (4, 8, 6, 6), input_grad=False) == ("batched", "one-gemm")
+    assert plausible_forms(downsample, (4, 8, 6, 6), input_grad=False) == ("batched", "one-gemm")
     # (its native-weight-gradient variant is timed too unless native is far faster: that depends on the machine)
     assert set(measure(downsample, (4, 8, 4, 4), ms.float32)["times"]) - {"one-gemm+phases+native-dw"} == {
         "native", "one-gemm+phases"}

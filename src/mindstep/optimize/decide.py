@@ -248,20 +248,27 @@ def time_layer(layer: nn.Cell, x, r, repeats: int = REPEATS, input_grad: bool = 
 BATCHED_MIN_POSITIONS = 5
 
 
-# A strided 1x1 conv (a ResNet downsample) times only its "+phases" forms: its one tap reads one phase
-# of the input, which those forms slice out before a stride-1 GEMM, where the others gather and, for
-# the input gradient, scatter over the whole map. In the 45 such measurements this project's decision
-# caches held (ResNet-18/50 at 32 and 64 px, AMD EPYC, 2026-11/12), the best other form took 1.06-7.3x
-# the best "+phases" form's time (median 2.5x; the smallest ratios on 2x2 inputs), never less.
+# The "+phases" forms differ from the others only in the input gradient (by stride phases, see
+# `conv._PhaseGrad`; forward and weight gradient are the same graphs), so:
+# - a layer without an input gradient (its input is the batch: a strided stem) times only the others;
+# - a strided 1x1 conv (a ResNet downsample) times only the "+phases" forms: its input gradient
+#   touches one stride phase of the input, which they compute alone (the other phases are zeros),
+#   where the other forms correlate the zero-inserted output gradient over the whole map. In the 45
+#   such measurements this project's decision caches held (ResNet-18/50 at 32 and 64 px, AMD EPYC,
+#   2026-11/12), the best other form took 1.06-7.3x the best "+phases" form's time (median 2.5x; the
+#   smallest ratios on 2x2 inputs), never less.
 
 
-def plausible_forms(conv: nn.Conv2d, shape: tuple) -> tuple:
-    """The composed forms worth timing for this layer at this input shape (`forms_for`, less the
-    batched ones on maps of fewer than `BATCHED_MIN_POSITIONS` output positions where a one-GEMM
-    form exists, and on a strided 1x1 layer only the "+phases" forms)."""
+def plausible_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> tuple:
+    """The composed forms worth timing for this layer at this input shape (`forms_for`; without an
+    input gradient no "+phases" form, on a strided 1x1 layer only those; less the batched forms on
+    maps of fewer than `BATCHED_MIN_POSITIONS` output positions where a one-GEMM form exists)."""
     forms = forms_for(conv)
-    if tuple(conv.kernel_size) == (1, 1) and any(f.endswith("+phases") for f in forms):
-        forms = tuple(f for f in forms if f.endswith("+phases"))
+    if any(f.endswith("+phases") for f in forms):
+        if not input_grad:
+            forms = tuple(f for f in forms if not f.endswith("+phases"))
+        elif tuple(conv.kernel_size) == (1, 1):
+            forms = tuple(f for f in forms if f.endswith("+phases"))
     _, _, ho, wo = out_shape(conv, shape)
     if ho * wo < BATCHED_MIN_POSITIONS and any(f.startswith("one-gemm") for f in forms):
         return tuple(f for f in forms if not f.startswith("batched"))
@@ -339,7 +346,7 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     (`input_grad=False`), its input gradient."""
     x, r = _inputs(shape, out_shape(conv, shape), dtype)
     # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
-    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape)
+    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape, input_grad)
     hw = (shape[2], shape[3])
     composed = {form: GemmConv2d(conv, hw, form) for form in forms}
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
