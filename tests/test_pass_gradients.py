@@ -26,7 +26,7 @@ from mindstep._compile import graph_mode
 from mindstep.bench.zoo import MODELS
 from mindstep.optimize import optimize
 from mindstep.optimize.conv import FORMS, NATIVE_DW, layer_forms, supported
-from mindstep.optimize.pass_ import record_inputs
+from mindstep.optimize.pass_ import forced_form, record_inputs
 
 RTOL = 1e-4  # of each gradient's largest magnitude (floored at 1e-3 of the largest gradient overall)
 NOISE_FACTOR = 8
@@ -99,13 +99,9 @@ def _tables(net, x):
     convs = [(n, c, layer_forms(c, shapes[id(c)][0][2:])) for n, c in net.cells_and_names()
              if isinstance(c, nn.Conv2d) and supported(c)[0]]
 
-    def given(form, forms):
-        nearest = (form, form.replace("+phases", ""), form.replace(NATIVE_DW, ""), form.split("+")[0])
-        return next((f for f in nearest if f in forms), forms[0])
-
     tables = {}
-    for form in FORMS + DW_TABLES:
-        tables[form] = {n: given(form, forms) for n, c, forms in convs}
+    for form in FORMS + DW_TABLES:  # the form `force={"*": form}` gives each layer
+        tables[form] = {n: forced_form(n, forms, {"*": form})[0] for n, c, forms in convs}
     for seed in range(MIXES):
         r = random.Random(seed)
         tables[f"mix{seed}"] = {n: r.choice(("native",) + forms) for n, c, forms in convs}
