@@ -11,7 +11,7 @@ from mindspore import nn
 
 from mindstep import TrainStep
 from mindstep.optimize import GemmConv2d, optimize
-from mindstep.optimize.conv import NATIVE_DW, conv_pads, dw_forms, forms_for, matmul_only
+from mindstep.optimize.conv import NATIVE_DW, NATIVE_FWD_DX, conv_pads, dw_forms, forms_for, fx_forms, matmul_only
 
 GRID = [
     # (cin, cout, kernel, stride, pad_mode, padding, dilation, bias, hw)
@@ -93,24 +93,31 @@ def test_rewritten_conv_equals_native_forward_and_all_gradients(case, form, grap
 
 @pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c[0]}-{c[1]}-k{c[2]}-s{c[3]}-{c[4]}{c[5]}-d{c[6]}-b{int(c[7])}-{c[8]}px")
 @pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
-def test_native_weight_gradient_forms_equal_native_forward_and_all_gradients(case, graph):
-    """Per direction: each form with MindSpore's own weight-gradient kernel (NATIVE_DW) equals the
-    native layer; a layer that becomes a plain matmul has no such form, and asking for one says so."""
+def test_per_direction_forms_equal_native_forward_and_all_gradients(case, graph):
+    """Per direction: each form with MindSpore's own weight-gradient kernel (NATIVE_DW), and each with
+    MindSpore's own forward and input gradient (NATIVE_FWD_DX: only the weight gradient by GEMM),
+    equals the native layer; a layer that becomes a plain matmul has no such forms, and asking for one
+    says so."""
     *conf, hw = case
     conv = make_conv(*conf)
-    forms = dw_forms(conv, (hw, hw))
+    forms, fx = dw_forms(conv, (hw, hw)), fx_forms(conv, (hw, hw))
     if matmul_only(conv, (hw, hw)):
-        assert forms == ()
-        with pytest.raises(ValueError, match="native-dw"):
-            GemmConv2d(conv, (hw, hw), "batched" + NATIVE_DW)
+        assert forms == fx == ()
+        for form in ("batched" + NATIVE_DW, "one-gemm" + NATIVE_FWD_DX):
+            with pytest.raises(ValueError, match="plain matmul"):
+                GemmConv2d(conv, (hw, hw), form)
         return
     assert forms == tuple(f + NATIVE_DW for f in forms_for(conv))
+    assert fx == ("batched" + NATIVE_FWD_DX, "one-gemm" + NATIVE_FWD_DX)
+    if "+phases" in "".join(forms_for(conv)):
+        with pytest.raises(ValueError, match="no '\\+phases'"):
+            GemmConv2d(conv, (hw, hw), "batched+phases" + NATIVE_FWD_DX)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((3, conf[0], hw, hw)).astype(np.float32))
     r = ms.Tensor(rng.standard_normal(conv(x).shape).astype(np.float32))
-    for form in forms:
+    for form in forms + fx:
         gemm = GemmConv2d(conv, (hw, hw), form)
-        assert gemm.fn.native_dw
+        assert (gemm.fn.native_dw, gemm.fn.native_fwd_dx) == (form in forms, form in fx)
         assert_matches_native(conv, gemm, x, r, graph)
 
 
@@ -144,12 +151,15 @@ def test_rewritten_grouped_conv_equals_native_forward_and_all_gradients(case, gr
     conv = nn.Conv2d(cin, cout, k, s, pad_mode=mode, padding=pad, dilation=dil, group=group, has_bias=bias,
                      weight_init="normal", bias_init="normal" if bias else "zeros")
     assert forms_for(conv) == ("batched",) and dw_forms(conv, (hw, hw)) == ("batched" + NATIVE_DW,)
+    assert fx_forms(conv, (hw, hw)) == ("batched" + NATIVE_FWD_DX,)
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((3, cin, hw, hw)).astype(np.float32))
     r = ms.Tensor(rng.standard_normal(conv(x).shape).astype(np.float32))
-    for form in ("batched", "batched" + NATIVE_DW):  # the weight gradient by GEMM, or by MindSpore's kernel
+    # the weight gradient by GEMM, or by MindSpore's kernel; or only the weight gradient by GEMM
+    for form in ("batched", "batched" + NATIVE_DW, "batched" + NATIVE_FWD_DX):
         gemm = GemmConv2d(conv, (hw, hw), form)
-        assert type(gemm.fn).__name__ == "_GroupedFn" and gemm.fn.native_dw == form.endswith(NATIVE_DW)
+        assert type(gemm.fn).__name__ == "_GroupedFn"
+        assert (gemm.fn.native_dw, gemm.fn.native_fwd_dx) == (form.endswith(NATIVE_DW), form.endswith(NATIVE_FWD_DX))
         assert_matches_native(conv, gemm, x, r, graph)
     with pytest.raises(ValueError, match="grouped layer has the batched form"):
         GemmConv2d(conv, (hw, hw), "one-gemm")
@@ -331,6 +341,34 @@ def test_the_fastest_form_is_timed_with_the_native_weight_gradient_and_chosen_wh
     # the native kernel's workspace is unknown: counted as its form, whose memory the row carries
     assert decide.extra_mb(conv, (2, 4, 6, 6), "one-gemm+native-dw") == decide.extra_mb(conv, (2, 4, 6, 6), "one-gemm")
     assert row["extra_mb"] == round(decide.extra_mb(conv, (2, 4, 6, 6), "one-gemm"), 1)
+
+
+@pytest.mark.parametrize("composed_ms, chosen", [(9.5, "native"), (9.0, "batched")])
+def test_a_composed_conv_must_beat_native_by_the_conv_margin(monkeypatch, composed_ms, chosen):
+    """A near tie timed alone stays native (`decide.CONV_MARGIN`: it lost inside rrdbnet's step), and no
+    NATIVE_FWD_DX form is timed by measuring (they never won; `force=` can still ask for them)."""
+    from mindstep.optimize import decide
+
+    forms = {"batched": composed_ms, "one-gemm": 20.0, "batched+native-dw": 30.0}
+    timed = _fake_times(monkeypatch, lambda layer: forms[layer.form] if isinstance(layer, GemmConv2d) else 10.0)
+    row = decide.measure(make_conv(4, 6, 3, 1, "pad", 1, 1, False), (2, 4, 6, 6), ms.float32)
+    assert row["choice"] == chosen, row
+    assert ("native kept: no form is 1.1x faster" in row["reason"]) == (chosen == "native")
+    assert not any(getattr(layer, "form", "").endswith(NATIVE_FWD_DX) for layer in timed)
+
+
+def test_forced_weight_gradient_only_forms_fall_back_on_layers_without_them():
+    from mindstep.optimize.conv import layer_forms
+    from mindstep.optimize.pass_ import forced_form
+
+    dense, pointwise_ = make_conv(4, 6, 3, 1, "pad", 1, 1, False), make_conv(4, 6, 1, 1, "same", 0, 1, False)
+    depthwise = nn.Conv2d(4, 4, 3, group=4, pad_mode="same")
+    force = {"*": "one-gemm" + NATIVE_FWD_DX}
+    assert forced_form("a", layer_forms(dense, (6, 6)), force) == ("one-gemm" + NATIVE_FWD_DX, "*")
+    assert forced_form("a", layer_forms(pointwise_, (6, 6)), force) == ("one-gemm", "*")  # a plain matmul
+    assert forced_form("a", layer_forms(depthwise, (6, 6)), force) == ("batched", "*")  # grouped: its first form
+    assert forced_form("a", layer_forms(depthwise, (6, 6)), {"*": "batched" + NATIVE_FWD_DX})[0] == (
+        "batched" + NATIVE_FWD_DX)
 
 
 def test_the_native_weight_gradient_variant_of_the_fastest_form_can_beat_a_faster_native(monkeypatch):
@@ -642,7 +680,8 @@ def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered", 
     ("one-gemm", 1, 8, 64, 256, 1.0, "dense"), ("batched", 1, 32, 64, 16, 1.0, "dense"),
     ("batched", 2, 32, 32, 64, 1.1, "dense"), ("one-gemm+phases", 2, 32, 32, 64, 1.1, "dense"),
     ("batched", 1, 32, 64, 64, 1.0, "depthwise"), ("batched", 2, 32, 64, 64, 1.1, "depthwise"),
-    ("batched", 1, 16, 64, 32, 1.0, "group8")])
+    ("batched", 1, 16, 64, 32, 1.0, "group8"), ("one-gemm+native-fwd-dx", 1, 8, 64, 256, 1.0, "dense"),
+    ("batched+native-fwd-dx", 2, 32, 64, 64, 1.1, "depthwise")])
 def test_extra_memory_estimate_bounds_what_mindspore_keeps_per_layer(tmp_path, form, stride, hw, channels, batch,
                                                                      at_most, kind):
     """The budget rests on `memory.extra_mb` bounding what a composed layer adds to a step: MindSpore
@@ -675,7 +714,7 @@ def test_bprop_ordering_frees_each_layers_columns_before_the_next(tmp_path, form
     assert unordered - ordered >= columns_mb, (ordered, unordered, columns_mb)
 
 
-@pytest.mark.parametrize("form", ["batched", "one-gemm", "one-gemm+phases"])
+@pytest.mark.parametrize("form", ["batched", "one-gemm", "one-gemm+phases", "one-gemm+native-fwd-dx"])
 def test_composed_convs_follow_the_mixed_precision_of_the_layers_they_replace(form):
     """O2 (fp16 compute) with the pass: the composed forms cast their weights to the input's dtype
     as native Conv2D does (they met fp16 inputs with fp32 weights: 'For primitive[MatMulExt], the

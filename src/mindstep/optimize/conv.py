@@ -36,7 +36,14 @@ FORMS = ("batched", "one-gemm", "batched+phases", "one-gemm+phases")
 # 128->128 on 16x16, 12.1 vs 26.0 for 256->256 on 8x8 (one-gemm), but 47.5 vs 21.2 for 64->64 on 32x32;
 # depthwise, 3.0 vs 7.4 ms for 96 channels on 16x16 and 2.9 vs 5.0 for 384 on 4x4.
 NATIVE_DW = "+native-dw"
-ALL_FORMS = FORMS + tuple(f + NATIVE_DW for f in FORMS)
+# The other way round: a form + NATIVE_FWD_DX computes the forward and the input gradient with
+# MindSpore's own kernels (`Conv2D`, `Conv2DBackpropInput`) and only the weight gradient as that form's
+# GEMM ("batched" or "one-gemm": the stride phases are an input-gradient matter). For CPUs whose native
+# forward and input gradient are fast but whose native weight gradient is not: profiled in a native
+# ResNet-18 jit step (32 px, batch 16, AMD EPYC family 25 model 1, AVX2), Conv2DBackpropFilter took
+# 42 % of the step at 3.6 ms a call, Conv2D 1.7 ms and Conv2DBackpropInput 1.5 ms.
+NATIVE_FWD_DX = "+native-fwd-dx"
+ALL_FORMS = FORMS + tuple(f + NATIVE_DW for f in FORMS) + tuple(f + NATIVE_FWD_DX for f in FORMS[:2])
 
 
 _BMM_NT = ops.BatchMatMul(transpose_b=True)
@@ -73,9 +80,18 @@ def dw_forms(conv, input_hw) -> tuple:
     return tuple(f + NATIVE_DW for f in forms_for(conv))
 
 
+def fx_forms(conv, input_hw) -> tuple:
+    """The per-direction forms (`NATIVE_FWD_DX`) of this layer at this input size: the native forward
+    and input gradient with the weight gradient by one of its GEMMs ("batched", and "one-gemm" for an
+    ungrouped layer); none for one that becomes a plain matmul (`matmul_only`)."""
+    if matmul_only(conv, input_hw):
+        return ()
+    return tuple(f + NATIVE_FWD_DX for f in forms_for(conv) if "+" not in f)
+
+
 def layer_forms(conv, input_hw) -> tuple:
-    """Every composed form of this layer at this input size: `forms_for` and `dw_forms`."""
-    return forms_for(conv) + dw_forms(conv, input_hw)
+    """Every composed form of this layer at this input size: `forms_for`, `dw_forms` and `fx_forms`."""
+    return forms_for(conv) + dw_forms(conv, input_hw) + fx_forms(conv, input_hw)
 
 
 def same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
@@ -297,7 +313,7 @@ class _ConvFn(nn.Cell):
     """
 
     def __init__(self, kernel, stride, dilation, pads, input_hw, one_gemm: bool, by_phase: bool = False,
-                 native_dw: bool = False, group: int = 1):
+                 native_dw: bool = False, group: int = 1, native_fwd_dx: bool = False, out_channel: int = 1):
         super().__init__()
         self.kh, self.kw = kernel
         self.sh, self.sw = stride
@@ -353,6 +369,15 @@ class _ConvFn(nn.Cell):
         self.native_dw = native_dw
         self.dw_kernel = Conv2DBackpropFilter(out_channel=1, kernel_size=kernel, pad_mode="pad", pad=tuple(pads),
                                               pad_list=tuple(pads), stride=stride, dilation=dilation, group=group)
+        # the forward and input gradient by MindSpore's own kernels (NATIVE_FWD_DX): `Conv2D` checks its
+        # out_channel against the weights, so for this form the output width is part of the configuration
+        # (`Conv2DBackpropInput` does not read it)
+        self.native_fwd_dx = native_fwd_dx
+        self.fwd_kernel = ops.Conv2D(out_channel=out_channel, kernel_size=kernel, mode=1, pad_mode="pad",
+                                     pad=tuple(pads), stride=stride, dilation=dilation, group=group)
+        self.dx_kernel = ops.Conv2DBackpropInput(out_channel=out_channel, kernel_size=kernel, pad_mode="pad",
+                                                 pad=tuple(pads), pad_list=tuple(pads), stride=stride,
+                                                 dilation=dilation, group=group)
 
     def _pre(self, x):
         if self.pre_needed:
@@ -373,6 +398,8 @@ class _ConvFn(nn.Cell):
         return z
 
     def construct(self, x, w):
+        if self.native_fwd_dx:
+            return self.fwd_kernel(x, w)
         return _correlate(self.im2col, self._pre(x), _RESHAPE(w, (w.shape[0], -1)), self.ho, self.wo, self.one_gemm)
 
     def bprop(self, x, w, out, dout):
@@ -404,6 +431,8 @@ class _ConvFn(nn.Cell):
         dw = _RESHAPE(dw, w.shape)
         if _ORDERED_BPROP:
             dout = ops.depend(dout, dw)  # (2): the input gradient starts once the columns are consumed
+        if self.native_fwd_dx:
+            return self.dx_kernel(dout, w, x.shape), dw
         return self._dx(dout, w, n, c, k), dw
 
     def _dx(self, dout, w, n, c, k):
@@ -463,11 +492,14 @@ class _GroupedFn(_ConvFn):
     correlates the stride-dilated, padded dY with each group's kernel flipped and transposed by
     `_input_grad_kernel`, as `_ConvFn` does."""
 
-    def __init__(self, kernel, stride, dilation, pads, input_hw, native_dw: bool = False, group: int = 1):
+    def __init__(self, kernel, stride, dilation, pads, input_hw, native_dw: bool = False, group: int = 1,
+                 native_fwd_dx: bool = False, out_channel: int = 1):
         super().__init__(kernel, stride, dilation, pads, input_hw, one_gemm=False, by_phase=False,
-                         native_dw=native_dw, group=group)
+                         native_dw=native_dw, group=group, native_fwd_dx=native_fwd_dx, out_channel=out_channel)
 
     def construct(self, x, w):
+        if self.native_fwd_dx:
+            return self.fwd_kernel(x, w)
         k, cg = w.shape[0], w.shape[1]
         g = x.shape[1] // cg
         return _group_correlate(self.im2col, self._pre(x), _RESHAPE(w, (g, k // g, cg * self.kh * self.kw)),
@@ -487,6 +519,8 @@ class _GroupedFn(_ConvFn):
         dw = _RESHAPE(_SUM(_BMM_NT(_RESHAPE(dout, (n, g, k // g, l)), cols), 0), w.shape)
         if _ORDERED_BPROP:
             dout = ops.depend(dout, dw)
+        if self.native_fwd_dx:
+            return self.dx_kernel(dout, w, x.shape), dw
         return self._dx(dout, w, n, g, k), dw
 
     def _dx(self, dout, w, n, g, k):
@@ -572,9 +606,12 @@ class GemmConv2d(nn.Cell):
         super().__init__(auto_prefix=False)
         if form not in layer_forms(conv, input_hw):
             if conv.group != 1:
-                why = "a grouped layer has the batched form, with or without the native weight gradient"
-            elif form.endswith(NATIVE_DW):
-                why = f"the '{NATIVE_DW}' forms are for layers that do not become a plain matmul"
+                why = (f"a grouped layer has the batched form, alone, with '{NATIVE_DW}' or with "
+                       f"'{NATIVE_FWD_DX}'")
+            elif "+phases" in form and form.endswith(NATIVE_FWD_DX):
+                why = f"the input gradient is native in the '{NATIVE_FWD_DX}' forms: they have no '+phases'"
+            elif form.endswith((NATIVE_DW, NATIVE_FWD_DX)):
+                why = f"the '{NATIVE_DW}' and '{NATIVE_FWD_DX}' forms are for layers that do not become a plain matmul"
             else:
                 why = "the '+phases' forms need a stride > 1 and no dilation"
             raise ValueError(f"`form` must be one of {layer_forms(conv, input_hw)} for this layer at input size "
@@ -605,14 +642,17 @@ class GemmConv2d(nn.Cell):
         if self.tap is not None:
             kk = conv.kernel_size[0] * conv.kernel_size[1]
             self.select = Tensor(np.eye(kk, dtype=np.float32)[:, self.tap:self.tap + 1].copy())  # (kk, 1)
+        native_dw, native_fwd_dx = form.endswith(NATIVE_DW), form.endswith(NATIVE_FWD_DX)
+        # the width is part of the configuration only where a native forward reads it (see `_ConvFn`)
+        width = conv.out_channels if native_fwd_dx else 1
         if conv.group != 1:
-            native_dw = form.endswith(NATIVE_DW)  # then the group is part of the configuration
+            # a native kernel in the form: then the group is part of the configuration
             self.fn = _grouped_fn(conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw),
-                                  native_dw, conv.group if native_dw else 1)
+                                  native_dw, conv.group if native_dw or native_fwd_dx else 1, native_fwd_dx, width)
         else:
             self.fn = None if self.pointwise or self.tap is not None else _conv_fn(
                 conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw), self.one_gemm,
-                "+phases" in form, form.endswith(NATIVE_DW))
+                "+phases" in form, native_dw, 1, native_fwd_dx, width)
 
     def construct(self, x):
         if x.shape[2:] != self.input_hw:  # a Python constant in a graph: no branch is compiled
@@ -654,5 +694,6 @@ def supported(conv) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["ALL_FORMS", "FORMS", "NATIVE_DW", "GemmConv2d", "conv_pads", "dw_forms", "forms_for", "layer_forms",
+__all__ = ["ALL_FORMS", "FORMS", "NATIVE_DW", "NATIVE_FWD_DX", "GemmConv2d", "conv_pads", "dw_forms", "forms_for",
+           "fx_forms", "layer_forms",
            "matmul_only", "out_shape", "pointwise", "same_pads", "single_tap", "supported"]

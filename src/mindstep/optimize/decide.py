@@ -27,11 +27,18 @@ from .memory import extra_mb
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-20"
+FORMULATION = "gemmconv-21"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
 MEMORY_MARGIN = 1.25
+# A composed conv form must be this much faster than native to be chosen: a near tie timed alone can
+# lose inside the step. Measured on an AMD EPYC (family 25 model 1, AVX2; batch 4, 32 px): rrdbnet's
+# two 32->32 layers on 64x64 maps timed batched 49.6 vs native 50.0 ms alone and were composed; the
+# step then ran 435-521 ms (median 472) against native's 412-448 (median 416) in 5 interleaved rounds.
+# ResNet-18's near ties there (batched+native-dw 10.8 vs native 10.9 ms on 8x8 maps) bought nothing
+# either: its step with only the clear wins composed ran as fast as with them (140-156 vs 138-164 ms).
+CONV_MARGIN = 1.1
 
 
 def cache_path(cache_dir: str | None = None) -> Path:
@@ -357,7 +364,17 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
         variant = form + NATIVE_DW
         return {variant: GemmConv2d(conv, hw, variant)} if variant in dw_forms(conv, hw) else {}
 
-    return compare(conv, composed, x, r, input_grad, memory, refine=per_direction)
+    return compare(conv, composed, x, r, input_grad, memory, native_margin=CONV_MARGIN, refine=per_direction)
+
+
+# The other per-direction forms (`conv.NATIVE_FWD_DX`: MindSpore's own forward and input gradient, the
+# weight gradient by GEMM) are not timed here; `force=` can ask for them. Where native forward and input
+# gradient are slow (the Zen 4 EPYC: 800-1630 ms against 6.8-47 ms for the native weight gradient, see
+# `conv.NATIVE_DW`) they cannot win, and where they are fast they did not: on an AMD EPYC family 25
+# model 1 (AVX2, batch 16), alone they took 0.95-1.64x native over nine ResNet-18 and depthwise/grouped
+# shapes (1.04-1.29x on ResNet-18's 3x3 layers, never the 1.1x `CONV_MARGIN`), and forced on every layer
+# the ResNet-18 step (32 px) ran level with the clear wins alone (139-166 vs 141-156 ms) and rrdbnet's
+# slower than native (529-714 vs 412-448 ms). A probe per layer would only lengthen the first call.
 
 
 # A per-direction variant (a conv form with MindSpore's own weight-gradient kernel) must be this much

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mindspore import nn
 
-from .conv import NATIVE_DW, GemmConv2d, matmul_only, pointwise
+from .conv import NATIVE_DW, NATIVE_FWD_DX, GemmConv2d, matmul_only, pointwise
 
 
 def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
@@ -30,6 +30,8 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     # whole steps measured both ways (peak RSS against the base forms, AMD EPYC: rrdbnet +60 MB with
     # 32 layers so, ResNet-18 at 32 px -6 MB with 13).
     form = form.replace(NATIVE_DW, "")
+    if form.endswith(NATIVE_FWD_DX):
+        return _weight_gradient_mb(conv, shape, form)
     if conv.group != 1:
         return _grouped_extra_mb(conv, shape)
     if pointwise(conv, (h, w)):
@@ -73,6 +75,21 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     total += 2 * n * c * ldx if one else n * c * k * kk + n * c * ldx  # dX GEMM (batched: broadcast kernel)
     if fn.cropped:
         total += n * c * h * w
+    return 4.0 * total / 2**20
+
+
+def _weight_gradient_mb(conv: nn.Conv2d, shape: tuple, form: str) -> float:
+    """`extra_mb` for a NATIVE_FWD_DX form: MindSpore's own forward and input gradient add nothing over
+    the native layer; the weight gradient's GEMM adds the recomputed columns (after explicit padding),
+    its operands (one-gemm: both batch-folded; batched: the per-sample products; grouped: per sample
+    and group) and the gradient itself."""
+    n, c, h, w = shape
+    fn = GemmConv2d(conv, (h, w), form).fn
+    k, cg, kk, l = conv.out_channels, c // conv.group, fn.kh * fn.kw, fn.ho * fn.wo
+    total = n * c * kk * l + k * cg * kk
+    if fn.pre_needed:
+        total += n * c * fn.xp_hw[0] * fn.xp_hw[1]
+    total += (k * n * l + c * kk * n * l) if form.startswith("one-gemm") else n * k * cg * kk
     return 4.0 * total / 2**20
 
 

@@ -291,7 +291,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             standing in for the native step's peak (conservative); None: no cap; or a number of MB.
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
             'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, each also with
-            '+native-dw' (MindSpore's own weight-gradient kernel), 'composed' for GELU; a form a
+            '+native-dw' (MindSpore's own weight-gradient kernel), 'batched+native-fwd-dx' and
+            'one-gemm+native-fwd-dx' (MindSpore's own forward and input gradient, only the weight
+            gradient by that GEMM; never chosen by measuring, see `decide`), 'composed' for GELU; a form a
             layer lacks gives the nearest it has, see `forced_form`): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
