@@ -175,13 +175,16 @@ def test_a_1x1_input_meeting_one_tap_becomes_a_matmul_without_extra_memory():
     assert GemmConv2d(conv, (2, 2), "one-gemm").tap is None and config_mb(conv, "one-gemm", (2, 2)) > 0
 
 
-def test_pointwise_layers_time_both_forms_on_maps_of_five_positions_or_more_and_single_tap_layers_one():
+def test_pointwise_layers_time_both_forms_on_maps_of_five_positions_or_more_and_single_tap_layers_one(monkeypatch):
     """A stride-1 1x1 conv's forms differ (kernel broadcast over the batch vs one GEMM over the folded
     batch), also on a 1x1 input, where its one tap is not `single_tap`'s case; below
     `BATCHED_MIN_POSITIONS` output positions only the one-GEMM forms are timed; a 3x3 layer on a 1x1
-    input is the same GEMM in every form."""
+    input is the same GEMM in every form. (Fixed times: which forms the lead screen leaves out depends
+    on the machine's timings.)"""
     from mindstep.optimize.decide import BATCHED_MIN_POSITIONS, measure, plausible_forms
     from mindstep.optimize.memory import extra_mb
+
+    _fake_times(monkeypatch, lambda layer: 1.0)
 
     pw = make_conv(8, 6, 1, 1, "valid", 0, 1, False)
     assert BATCHED_MIN_POSITIONS == 5
@@ -259,6 +262,7 @@ def test_a_form_that_disagrees_with_native_is_left_out_of_the_measured_choice(mo
             return out * 1.01 if self.form == "one-gemm" else out
 
     monkeypatch.setattr(decide, "GemmConv2d", Broken)
+    _fake_times(monkeypatch, lambda layer: 1.0)  # the lead screen must not leave the broken form untimed
     conv = make_conv(4, 6, 3, 1, "pad", 1, 1, False)
     row = decide.measure(conv, (2, 4, 6, 6), ms.float32)
     assert "one-gemm" not in row["times"] and "batched" in row["times"]
@@ -331,8 +335,9 @@ def test_the_fastest_form_is_timed_with_the_native_weight_gradient_and_chosen_wh
     timed = _fake_times(monkeypatch, lambda layer: forms[layer.form] if isinstance(layer, GemmConv2d) else 10.0)
     conv = make_conv(4, 6, 3, 1, "pad", 1, 1, False)
     row = decide.measure(conv, (2, 4, 6, 6), ms.float32)
-    # one probe more than the forms: the fastest one (one-gemm) with the native weight gradient, checked
-    assert [getattr(layer, "form", "native") for layer in timed] == ["batched", "one-gemm", "native",
+    # the lead (batched: 36 output positions), native, the other form; then one probe more than the
+    # forms: the fastest one (one-gemm) with the native weight gradient, checked
+    assert [getattr(layer, "form", "native") for layer in timed] == ["batched", "native", "one-gemm",
                                                                      "one-gemm+native-dw"]
     assert row["choice"] == chosen and row["times"]["one-gemm+native-dw"] == dw_ms
     assert "one-gemm+native-dw " + f"{dw_ms:.1f} ms" in row["reason"]
@@ -388,7 +393,34 @@ def test_no_native_weight_gradient_form_is_timed_where_composed_is_far_slower_or
     assert row["choice"] == "native" and not any(f.endswith(NATIVE_DW) for f in row["times"])
     timed.clear()
     row = decide.measure(make_conv(4, 6, 1, 1, "same", 0, 1, False), (2, 4, 6, 6), ms.float32)  # pointwise
-    assert not any(f.endswith(NATIVE_DW) for f in row["times"]) and len(timed) == 3
+    # the lead (batched) over 2x native: one-gemm is not timed either (`decide.LEAD_SCREEN`)
+    assert not any(f.endswith(NATIVE_DW) for f in row["times"]) and len(timed) == 2
+
+
+@pytest.mark.parametrize("lead_ms, timed_forms", [
+    (21.0, ["batched", "native"]),                               # over 2x native: nothing more
+    (19.0, ["batched", "native", "one-gemm", "batched+native-dw"]),  # within: the rest, then the variant
+])
+def test_a_lead_form_far_slower_than_native_screens_the_other_forms(monkeypatch, lead_ms, timed_forms):
+    from mindstep.optimize import decide
+
+    forms = {"batched": lead_ms, "one-gemm": 25.0, "batched+native-dw": 30.0}
+    timed = _fake_times(monkeypatch, lambda layer: forms[layer.form] if isinstance(layer, GemmConv2d) else 10.0)
+    row = decide.measure(make_conv(4, 6, 3, 1, "pad", 1, 1, False), (2, 4, 6, 6), ms.float32)
+    assert [getattr(layer, "form", "native") for layer in timed] == timed_forms
+    assert row["choice"] == "native" and list(row["times"])[0] == "native"
+    assert ("one-gemm not timed: batched took over 2x native" in row["reason"]) == (lead_ms > 20)
+
+
+def test_the_lead_form_is_one_gemm_on_small_maps_and_batched_on_large_ones(monkeypatch):
+    from mindstep.optimize import decide
+
+    both, phases = ("batched", "one-gemm"), ("batched+phases", "one-gemm+phases")
+    assert decide.lead_form(both, 16) == "one-gemm" and decide.lead_form(both, 17) == "batched"
+    assert decide.lead_form(phases, 4) == "one-gemm+phases" and decide.lead_form(phases, 64) == "batched+phases"
+    assert decide.lead_form(("one-gemm",), 1) is None  # one form: nothing to screen
+    monkeypatch.setattr(decide, "LEAD_SCREEN", False)
+    assert decide.lead_form(both, 16) is None
 
 
 def test_decisions_are_measured_cached_and_reused(tmp_path, monkeypatch):

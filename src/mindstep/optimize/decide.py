@@ -282,8 +282,33 @@ def plausible_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> t
     return forms
 
 
+# Where a layer has several composed forms, one (`lead_form`) is timed first, then native; if it takes
+# over CLEAR_RATIO times native, the others are not compiled or timed. Compiling the probes is most of
+# the pass (ResNet-18 at 32 px, batch 16, empty cache, AMD EPYC family 25 model 1: 22.5 of 26.5 s, 0.5-1.0
+# s per composed probe), and on CPUs whose native convolutions are fast most layers have every form
+# far behind native: there, 64->64 on 8x8 timed batched 16.0 and one-gemm 16.4 against native 7.8 ms,
+# and 64->128 stride 2 on 8x8 all four forms 18.4-24.3 against 5.8. The per-direction variant is not
+# timed either then (it needs its base within CLEAR_RATIO). Where native is slow (the Zen 4 EPYC) the
+# lead is within the ratio and every form is timed, as before.
+LEAD_SCREEN = True
+# The lead is the one-GEMM form on maps of at most this many output positions, else the batched one
+# (the phase form of that GEMM where only phase forms are plausible): at 16 positions and fewer one GEMM
+# over the folded batch won in this project's caches (128->128 on 4x4: 8.9 vs 17.3 ms), at 64 they tied
+# (16.4 vs 16.0) and from 256 the batched form won (the stem: 11.2 vs 13.8; rrdbnet's 64x64 maps).
+LEAD_ONE_GEMM_POSITIONS = 16
+
+
+def lead_form(forms: tuple, positions: int) -> str | None:
+    """The form of `forms` that `compare` times first (see `LEAD_ONE_GEMM_POSITIONS`), or None for
+    fewer than two forms or with `LEAD_SCREEN` off."""
+    if len(forms) < 2 or not LEAD_SCREEN:
+        return None
+    prefer = "one-gemm" if positions <= LEAD_ONE_GEMM_POSITIONS else "batched"
+    return next((f for f in (prefer, prefer + "+phases") if f in forms), forms[0])
+
+
 def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dict,
-            native_margin: float = 1.0, refine=None) -> dict:
+            native_margin: float = 1.0, refine=None, lead: str | None = None) -> dict:
     """Time `native` and every composed layer of `composed` ({form: Cell}) on input `x` with output
     weights `r`, as the step runs them (forward, weight gradients and, if `input_grad`, the input
     gradient), and choose (`choose`, with `memory`: {form: extra MB}, native included, and
@@ -294,7 +319,11 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
     forms, see `measure`). It is called with the chosen form, or when native is chosen with the
     fastest composed form if that is within `CLEAR_RATIO` of native; each variant is timed and
     checked like the others and takes its form's place (and memory) if it is `REFINE_MARGIN` times
-    faster than that form, and the choice is made again."""
+    faster than that form, and the choice is made again.
+
+    `lead`, if given (a form of `composed`), is timed first and native after it; if it takes over
+    `CLEAR_RATIO` times native, the other forms are not compiled or timed (`LEAD_SCREEN`), and the
+    reason names them."""
     timed_native = _Timed(native, x, r, input_grad)
     reference = timed_native.first()  # compiled first: the composed forms are checked against its results
     times, rejected = {}, {}
@@ -308,11 +337,19 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
             else:
                 times[form] = timed.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None)
 
-    run(composed)
-    # native last, so that a native layer far slower than a composed form is timed once, not REPEATS times
+    first = {lead: composed[lead]} if lead in composed and len(composed) > 1 else composed
+    run(first)
+    # native after the first forms, so that a native layer far slower than a composed form is timed
+    # once, not REPEATS times
     times = {"native": timed_native.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None), **times}
-    choice = choose(times, memory, native_margin)
+    rest = {f: c for f, c in composed.items() if f not in first}
     notes = ""
+    if rest and lead in times and times[lead] > CLEAR_RATIO * times["native"]:
+        notes += f"; {', '.join(rest)} not timed: {lead} took over {CLEAR_RATIO:g}x native"
+    else:
+        run(rest)
+        times = {"native": times.pop("native"), **times}
+    choice = choose(times, memory, native_margin)
     if refine is not None and len(times) > 1:
         base = choice if choice != "native" else min((f for f in times if f != "native"), key=times.get)
         if times[base] < CLEAR_RATIO * times["native"]:
@@ -364,7 +401,9 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
         variant = form + NATIVE_DW
         return {variant: GemmConv2d(conv, hw, variant)} if variant in dw_forms(conv, hw) else {}
 
-    return compare(conv, composed, x, r, input_grad, memory, native_margin=CONV_MARGIN, refine=per_direction)
+    _, _, ho, wo = out_shape(conv, shape)
+    return compare(conv, composed, x, r, input_grad, memory, native_margin=CONV_MARGIN, refine=per_direction,
+                   lead=lead_form(tuple(forms), ho * wo))
 
 
 # The other per-direction forms (`conv.NATIVE_FWD_DX`: MindSpore's own forward and input gradient, the
