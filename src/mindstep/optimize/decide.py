@@ -388,7 +388,8 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     """`compare` a conv layer with its composed forms (`plausible_forms`) at this input shape: the
     step's forward, weight gradients and, unless the layer's input is the batch itself
     (`input_grad=False`), its input gradient."""
-    x, r = _inputs(shape, out_shape(conv, shape), dtype)
+    out = out_shape(conv, shape)
+    x, r = _inputs(shape, out, dtype)
     # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
     forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape, input_grad)
     hw = (shape[2], shape[3])
@@ -401,9 +402,8 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
         variant = form + NATIVE_DW
         return {variant: GemmConv2d(conv, hw, variant)} if variant in dw_forms(conv, hw) else {}
 
-    _, _, ho, wo = out_shape(conv, shape)
     return compare(conv, composed, x, r, input_grad, memory, native_margin=CONV_MARGIN, refine=per_direction,
-                   lead=lead_form(tuple(forms), ho * wo))
+                   lead=lead_form(tuple(forms), out[2] * out[3]))
 
 
 # The other per-direction forms (`conv.NATIVE_FWD_DX`: MindSpore's own forward and input gradient, the

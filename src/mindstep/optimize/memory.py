@@ -48,11 +48,9 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     # forward: the columns (one-gemm: and their batch-folded copy, and the unfolded output; batched:
     # the kernel broadcast over the batch)
     total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
-    total += n * c * kk * l                                   # backward: recomputed columns of x
+    total += _dw_elements(n, c, k, c, kk, l, one)             # backward: the weight gradient's GEMM
     if fn.pre_needed:
         total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
-    total += (k * n * l + c * kk * n * l) if one else n * k * c * kk  # dW: folded operands / per-sample products
-    total += k * c * kk                                       # dW
     if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
         m = fn.mh * fn.mw
         for phase in fn.phases:
@@ -78,6 +76,13 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     return 4.0 * total / 2**20
 
 
+def _dw_elements(n: int, c: int, k: int, cg: int, kk: int, l: int, one: bool) -> int:
+    """Elements of the weight gradient's GEMM in the backward of every `_ConvFn` form: the recomputed
+    columns of x, the operands (one-gemm: dY and the columns batch-folded; batched: the per-sample
+    (per-group) products) and dW itself (C/G = `cg` input channels per group)."""
+    return n * c * kk * l + ((k * n * l + c * kk * n * l) if one else n * k * cg * kk) + k * cg * kk
+
+
 def _weight_gradient_mb(conv: nn.Conv2d, shape: tuple, form: str) -> float:
     """`extra_mb` for a NATIVE_FWD_DX form: MindSpore's own forward and input gradient add nothing over
     the native layer; the weight gradient's GEMM adds the recomputed columns (after explicit padding),
@@ -86,10 +91,9 @@ def _weight_gradient_mb(conv: nn.Conv2d, shape: tuple, form: str) -> float:
     n, c, h, w = shape
     fn = GemmConv2d(conv, (h, w), form).fn
     k, cg, kk, l = conv.out_channels, c // conv.group, fn.kh * fn.kw, fn.ho * fn.wo
-    total = n * c * kk * l + k * cg * kk
+    total = _dw_elements(n, c, k, cg, kk, l, form.startswith("one-gemm"))
     if fn.pre_needed:
-        total += n * c * fn.xp_hw[0] * fn.xp_hw[1]
-    total += (k * n * l + c * kk * n * l) if form.startswith("one-gemm") else n * k * cg * kk
+        total += n * c * fn.xp_hw[0] * fn.xp_hw[1]            # explicitly padded x, backward only
     return 4.0 * total / 2**20
 
 
@@ -101,7 +105,7 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
     k, cg = conv.out_channels, c // conv.group
     kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw  # the input gradient uses all kk taps
     total = n * c * kk * l + n * k * cg * kk + n * k * l     # forward: columns, broadcast kernel, output
-    total += n * c * kk * l + n * k * cg * kk + k * cg * kk  # backward: recomputed columns, per-sample dW, dW
+    total += _dw_elements(n, c, k, cg, kk, l, one=False)    # backward: the weight gradient's GEMM
     if fn.pre_needed:
         total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
     if fn.strided:
