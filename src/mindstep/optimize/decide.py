@@ -394,7 +394,7 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape, input_grad)
     hw = (shape[2], shape[3])
     composed = {form: GemmConv2d(conv, hw, form) for form in forms}
-    memory = {"native": 0.0, **{f: extra_mb(conv, shape, f) for f in forms}}
+    memory = {"native": 0.0, **{f: extra_mb(conv, shape, f, input_grad) for f in forms}}
 
     def per_direction(form: str) -> dict:
         """The form with MindSpore's own weight-gradient kernel instead of its GEMM (one more probe,

@@ -9,7 +9,7 @@ from mindspore import nn
 from .conv import NATIVE_DW, NATIVE_FWD_DX, GemmConv2d, matmul_only, pointwise
 
 
-def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
+def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: bool = True) -> float:
     """Extra memory (MB, fp32) a composed form may add to a training step, as an upper bound.
 
     The sum of the layer's temporaries, read off `_ConvFn`'s geometry: the forward's columns and
@@ -23,6 +23,13 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     (tests/test_optimize.py checks the bound), and a fraction over whole networks (`RETAINED`). Layers that become a plain matmul
     (`conv.matmul_only`; MindSpore's own autodiff) add only their operands' copies: the broadcast
     kernel, or the batch-folded input and output gradient; ~0 on a 1x1 input.
+
+    `input_grad=False` (the layer's input is the batch, e.g. a stem): the input gradient's
+    temporaries are left out, since MindSpore drops the backward's unused input-gradient branch. They
+    dominate a strided stem's bound: ResNet-18's 3->64 7x7 stride-2 stem at batch 16, 32 px, counted
+    211 of its 218 MB (batched; one-gemm 406 of 419) for a gradient that is never computed, and so
+    took over half of `optimize=True`'s default budget and kept the stem, 35x faster composed, native
+    (`tests/test_optimize.py` measures a stem against this bound).
     """
     n, c, h, w = shape
     # A form with MindSpore's own weight-gradient kernel (NATIVE_DW) is counted as its base form: it
@@ -33,12 +40,13 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     if form.endswith(NATIVE_FWD_DX):
         return _weight_gradient_mb(conv, shape, form)
     if conv.group != 1:
-        return _grouped_extra_mb(conv, shape)
+        return _grouped_extra_mb(conv, shape, input_grad)
     if pointwise(conv, (h, w)):
         k, l = conv.out_channels, h * w
         if not form.startswith("one-gemm"):
             return 4.0 * 2 * n * k * c / 2**20  # the kernel broadcast over the batch, per-sample dW products
-        return 0.0 if l == 1 else 4.0 * 2 * n * l * (c + k) / 2**20  # x and dY folded, y and dX unfolded
+        # x and dY folded, y and dX unfolded
+        return 0.0 if l == 1 else 4.0 * n * l * (c + 2 * k + (c if input_grad else 0)) / 2**20
     if matmul_only(conv, (h, w)):
         return 0.0
     fn = GemmConv2d(conv, (h, w), form).fn
@@ -51,6 +59,8 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched") -> float:
     total += _dw_elements(n, c, k, c, kk, l, one)             # backward: the weight gradient's GEMM
     if fn.pre_needed:
         total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
+    if not input_grad:
+        return 4.0 * total / 2**20
     if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
         m = fn.mh * fn.mw
         for phase in fn.phases:
@@ -97,9 +107,10 @@ def _weight_gradient_mb(conv: nn.Conv2d, shape: tuple, form: str) -> float:
     return 4.0 * total / 2**20
 
 
-def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
+def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple, input_grad: bool) -> float:
     """`extra_mb` for a grouped or depthwise layer (`conv._GroupedFn`): its temporaries, summed, as an
-    upper bound (K output channels, C input channels, C/G per group)."""
+    upper bound (K output channels, C input channels, C/G per group; without the input gradient's
+    where `input_grad` is False)."""
     n, c, h, w = shape
     fn = GemmConv2d(conv, (h, w)).fn
     k, cg = conv.out_channels, c // conv.group
@@ -108,6 +119,8 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple) -> float:
     total += _dw_elements(n, c, k, cg, kk, l, one=False)    # backward: the weight gradient's GEMM
     if fn.pre_needed:
         total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
+    if not input_grad:
+        return 4.0 * total / 2**20
     if fn.strided:
         total += n * k * fn.ho * fn.sh * fn.wo * fn.sw + n * k * fn.zh * fn.zw  # zero-inserted dY, cropped
     if fn.z_pre_needed:

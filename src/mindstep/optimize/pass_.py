@@ -179,7 +179,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                    f"{cell.kernel_size[1]} s{cell.stride[0]}" + (f" g{cell.group}" if cell.group != 1 else ""),
                    "input": list(shape)}
             if not _settled(row, supported(cell), layer_forms(cell, shape[2:]), force, device, "convolutions",
-                            lambda form: memory.extra_mb(cell, shape, form)):
+                            lambda form: memory.extra_mb(cell, shape, form, input_grad)):
                 k = decide.key(device, cell, shape, dtype, input_grad)
                 cached = k in cache
                 source = decide.neighbour(cache, k) if share and not cached else None
@@ -202,7 +202,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                     first = fn_key not in configs
                     configs.add(fn_key)
                     row["options"] = {form: (ms_, 0.0 if form == "native" else round(
-                        memory.extra_mb(cell, shape, form)
+                        memory.extra_mb(cell, shape, form, input_grad)
                         + (memory.config_mb(cell, form, shape[2:]) if first else 0.0), 1))
                         for form, ms_ in times.items()}
                     row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
