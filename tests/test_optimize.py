@@ -412,6 +412,28 @@ def test_a_lead_form_far_slower_than_native_screens_the_other_forms(monkeypatch,
     assert ("one-gemm not timed: batched took over 2x native" in row["reason"]) == (lead_ms > 20)
 
 
+@pytest.mark.parametrize("lead_ms, decides", [(4.9, True), (5.0, False)])
+def test_a_lead_form_far_faster_than_native_is_chosen_without_timing_the_others(monkeypatch, lead_ms, decides):
+    """`LEAD_DECIDES`: under 1/CLEAR_RATIO of native's time, the lead's rivals are not compiled or
+    timed, but its per-direction variant still is (and wins here by more than REFINE_MARGIN)."""
+    from mindstep.optimize import decide
+
+    forms = {"batched": lead_ms, "one-gemm": 1.0, "batched+native-dw": 2.0, "one-gemm+native-dw": 0.5}
+    timed = _fake_times(monkeypatch, lambda layer: forms[layer.form] if isinstance(layer, GemmConv2d) else 10.0)
+    row = decide.measure(make_conv(4, 6, 3, 1, "pad", 1, 1, False), (2, 4, 6, 6), ms.float32)
+    order = [getattr(layer, "form", "native") for layer in timed]
+    if decides:
+        assert order == ["batched", "native", "batched+native-dw"] and row["choice"] == "batched+native-dw"
+        assert "one-gemm not timed: batched took under 1/2 of native" in row["reason"]
+    else:  # at exactly half of native every form is timed, and the fastest one's variant wins
+        assert order == ["batched", "native", "one-gemm", "one-gemm+native-dw"]
+        assert row["choice"] == "one-gemm+native-dw" and "not timed" not in row["reason"]
+    monkeypatch.setattr(decide, "LEAD_DECIDES", False)
+    timed.clear()
+    decide.measure(make_conv(4, 6, 3, 1, "pad", 1, 1, False), (2, 4, 6, 6), ms.float32)
+    assert "one-gemm" in [getattr(layer, "form", "native") for layer in timed]
+
+
 def test_the_lead_form_is_one_gemm_on_small_maps_and_batched_on_large_ones(monkeypatch):
     from mindstep.optimize import decide
 
