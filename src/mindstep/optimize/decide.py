@@ -332,7 +332,8 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
 
     `lead`, if given (a form of `composed`), is timed first and native after it; if it takes over
     `CLEAR_RATIO` times native, the other forms are not compiled or timed (`LEAD_SCREEN`), and the
-    reason names them."""
+    reason names them; nor are they if it takes under 1/`CLEAR_RATIO` of native (`LEAD_DECIDES`: the
+    lead and its `refine` variants are then the only forms timed)."""
     timed_native = _Timed(native, x, r, input_grad)
     reference = timed_native.first()  # compiled first: the composed forms are checked against its results
     times, rejected = {}, {}
