@@ -731,20 +731,23 @@ print(json.dumps((psutil.Process().memory_info().rss - before) / 2**20))
 """
 
 
-def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered", kind="dense"):
-    """MB that a chain of 3 composed layers keeps over a chain of 1, each measured in a fresh process."""
+def _rss_growth(tmp_path, name, script_text, *args):
+    """MB the script's process grew by, as the script's last printed line says; run in a fresh process."""
     import subprocess
     import sys
 
-    script = tmp_path / "retained.py"
-    script.write_text(_RETAINED)
-    grow = {}
-    for layers in (1, 3):
-        out = subprocess.run([sys.executable, str(script), str(layers), form, str(stride), str(hw), str(channels),
-                              str(batch), order, kind],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        grow[layers] = json.loads(out.stdout.strip().splitlines()[-1])
+    script = tmp_path / f"{name}.py"
+    if not script.exists():
+        script.write_text(script_text)
+    out = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _chain_growth(tmp_path, form, stride, hw, channels, batch, order="ordered", kind="dense"):
+    """MB that a chain of 3 composed layers keeps over a chain of 1, each measured in a fresh process."""
+    grow = {layers: _rss_growth(tmp_path, "retained", _RETAINED, layers, form, stride, hw, channels, batch, order, kind)
+            for layers in (1, 3)}
     return grow[3] - grow[1]
 
 
@@ -805,21 +808,11 @@ def test_extra_memory_estimate_without_an_input_gradient_bounds_a_stem(tmp_path)
     bound, which kept it native under `optimize=True`'s default budget). Measured on an Intel Xeon
     (family 6 model 167, AVX-512): the composed stem grew 45 (batched) and 81 (one-gemm) MB more than
     the native one, against bounds of 109 and 210 MB (the layer's estimate and its compile memory)."""
-    import subprocess
-    import sys
-
     from mindstep.optimize.memory import config_mb, extra_mb
 
-    script = tmp_path / "stem.py"
-    script.write_text(_STEM)
     hw, batch = 64, 64
     conv = nn.Conv2d(3, 64, 7, 2, pad_mode="pad", padding=3)
-    grown = {}
-    for form in ("native", "batched", "one-gemm"):
-        out = subprocess.run([sys.executable, str(script), form, str(hw), str(batch)], capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        grown[form] = json.loads(out.stdout.strip().splitlines()[-1])
+    grown = {form: _rss_growth(tmp_path, "stem", _STEM, form, hw, batch) for form in ("native", "batched", "one-gemm")}
     for form in ("batched", "one-gemm"):
         shape = (batch, 3, hw, hw)
         bound = extra_mb(conv, shape, form, input_grad=False) + config_mb(conv, form, (hw, hw))
