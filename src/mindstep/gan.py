@@ -139,7 +139,7 @@ class Objective(Stages):
             lr_params = _groups.lr_parameters(optimizer)
             self.lr = _schedules.ScheduleStage(opts["lr_schedule"], lr_params,
                                                _groups.lr_scales(optimizer, lr_params))
-        self.guard = _nonfinite.stage(opts["on_nonfinite"], prefix, params)
+        self.guard = _nonfinite.stage(opts["on_nonfinite"], prefix)
         self.reduce = _reduce.stage(params, reduce_mode, world)
         self.counter = Counter(f"{prefix}.step")
         self.combine = opts["losses"]

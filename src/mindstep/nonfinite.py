@@ -18,20 +18,20 @@
 Without a loss scale and with ``"apply"`` the stage compiles to nothing. Its counters are
 Parameters (`<prefix>.skipped`, `<prefix>.skipped_in_row`), so they checkpoint with the step.
 
-How the check runs: a network whose gradients are all of one dtype and small (`SMALL_ELEMENTS`
-elements in all, e.g. an MLP) flattens them into one buffer, checked by one `isfinite` and one
-`all`. Any other gets one mark per gradient (`_map.nonfinite_mark`, 0 exactly when the gradient is
+How the check runs: one mark per gradient (`_map.nonfinite_mark`, 0 exactly when the gradient is
 finite): the sum of the gradient, as a matrix, times a zero vector (a product of a finite value and
 0 is 0, of inf or NaN and 0 is NaN, so no sum can overflow); the update is finite when the marks
-sum to 0. Both give `mindspore.amp.all_finite`'s answer (NaN or Inf in any element of any gradient)
-in fewer and faster kernels than its three elementwise ones per tensor and a sum. Measured (AMD
-EPYC, 2 cores, MindSpore 2.10): the bench MLP's step 1.04 ms with `amp.all_finite`, 0.95 ms
-flattened, 0.85 ms without a check; ResNet-50's gradients checked in 11 ms by zero products against
-69 ms by `isfinite().all()`; ResNet-18's conv weights 4.6 vs 26.7 ms, which made the composed
-ResNet-18 step (`jit-opt`) 87 -> 62 ms. Conv weights are flattened for it, a copy inside the step
-(ResNet-18 `jit` peak +20 MB). Picking the small gradients out by index into one flat buffer and
-mapping the rest cost ResNet-18 861 vs 778 MB and 3.6 vs 2.5 s to compile, so there is no mixed
-form. The flat buffer costs one copy of at most `SMALL_ELEMENTS` elements (4 MiB in float32).
+sum to 0. That gives `mindspore.amp.all_finite`'s answer (NaN or Inf in any element of any
+gradient) in fewer and faster kernels than its three elementwise ones per tensor and a sum.
+Measured (AMD EPYC, 2 cores, MindSpore 2.10): ResNet-50's gradients checked in 11 ms by zero
+products against 69 ms by `isfinite().all()`; ResNet-18's conv weights 4.6 vs 26.7 ms, which made
+the composed ResNet-18 step (`jit-opt`) 87 -> 62 ms. Conv weights are flattened for it, a copy
+inside the step (ResNet-18 `jit` peak +20 MB). Small networks once had a form of their own (all
+gradients concatenated into one buffer, then `isfinite` and `all`); on an Intel Xeon family 6
+model 167 (2 cores, AVX-512) the bench MLP's step took 1.59-1.66 ms with it, 1.49-1.53 ms with the
+marks and 1.35-1.39 ms without a check (two interleaved rounds of 5 x 300 steps each), so the
+marks serve every network. Picking the small gradients out by index into one flat buffer and
+mapping the rest had cost ResNet-18 861 vs 778 MB and 3.6 vs 2.5 s to compile.
 """
 from __future__ import annotations
 
@@ -45,14 +45,6 @@ from ._errors import bad_value, check_choice, check_int
 POLICIES = ("skip", "raise", "apply")
 DEFAULT_MAX_CONSECUTIVE_SKIPS = 100
 FLAGS = "_finite_params"  # raise mode: a per-parameter finite flag vector, popped by the host
-SMALL_ELEMENTS = 2 ** 20  # gradients checked as one flattened buffer when they are all this small
-
-
-def flat_check(params) -> bool:
-    """Whether the gradients of `params` are checked as one flattened buffer: more than one, one
-    dtype, `SMALL_ELEMENTS` elements in all."""
-    return (len(params) > 1 and len({str(p.dtype) for p in params}) == 1
-            and sum(int(p.size) for p in params) <= SMALL_ELEMENTS)
 
 
 class NonFiniteError(FloatingPointError):
@@ -93,9 +85,8 @@ class NoCheck(nn.Cell):
 class FiniteCheck(nn.Cell):
     """The finite check with its skip counters; in raise mode also a per-parameter flag vector."""
 
-    def __init__(self, prefix: str, per_param: bool, params=()):
+    def __init__(self, prefix: str, per_param: bool):
         super().__init__()
-        self.flat = flat_check(list(params))
         self.skipped = ms.Parameter(ms.Tensor(0, ms.int32), name=f"{prefix}.skipped", requires_grad=False)
         self.in_row = ms.Parameter(ms.Tensor(0, ms.int32), name=f"{prefix}.skipped_in_row", requires_grad=False)
         self.per_param = per_param
@@ -103,8 +94,6 @@ class FiniteCheck(nn.Cell):
 
     def all_finite(self, grads):
         """One bool: every element of every gradient is finite (see the module docstring)."""
-        if self.flat:
-            return _map.all_finite(ops.concat([g.reshape(-1) for g in grads]))
         return ops.equal(ops.addn(_map.MAP(_map.nonfinite_mark, grads)), 0.0)
 
     def flags(self, grads):
@@ -124,11 +113,11 @@ class FiniteCheck(nn.Cell):
         return (self.skipped + 0, self.in_row + 0) + tuple(flags)
 
 
-def stage(policy: str, prefix: str, params=()) -> nn.Cell:
-    """The check for `policy`; `params`: the parameters whose gradients it sees, in order."""
+def stage(policy: str, prefix: str) -> nn.Cell:
+    """The check for `policy`."""
     if policy == "apply":
         return NoCheck()
-    return FiniteCheck(prefix, per_param=policy == "raise", params=params)
+    return FiniteCheck(prefix, per_param=policy == "raise")
 
 
 def host_check(metrics: dict, *, policy: str, max_in_row: int | None, scaled: bool, names: list,

@@ -240,7 +240,7 @@ class TrainStep:
         stages = dict(counter=Counter(f"{name}.step"), normalize=normalize, scale=_loss_scale.stage(scaler, name),
                       accumulate=_accumulate.stage(params, k, name), clip=_clip.Clip(clip_grad_norm, clip_grad_value),
                       ema=_ema.stage(params, ema, name), lr=lr_stage, combine=losses,
-                      finite=_nonfinite.stage(self.on_nonfinite, name, params), reduce=_reduce.stage(params, self.reduce, self.world_size))
+                      finite=_nonfinite.stage(self.on_nonfinite, name), reduce=_reduce.stage(params, self.reduce, self.world_size))
         # k = 1: every stage in one graph; k > 1: the micro-step graph (see mindstep._graph)
         self.graph = StepGraph(forward, optimizer, part="full" if k == 1 else "micro", **stages)
         self._param_names = [p.name for p in params]
