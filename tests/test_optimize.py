@@ -737,8 +737,7 @@ def _rss_growth(tmp_path, name, script_text, *args):
     import sys
 
     script = tmp_path / f"{name}.py"
-    if not script.exists():
-        script.write_text(script_text)
+    script.write_text(script_text)
     out = subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
