@@ -117,7 +117,8 @@ class TrainStep:
             call's shapes, before compiling; `step.optimize_report` holds the decision table and
             `step.optimize_budget_mb` the memory budget it kept to. `True` uses the default budget
             (`mindstep.optimize.pass_.budget_mb`: a quarter of the native step's peak, with the
-            process's memory before the pass standing in for it); a dict sets
+            process's memory before the pass plus a lower bound of what the native step adds,
+            `mindstep.optimize.memory.native_growth_mb`, standing in for it); a dict sets
             `native_peak_mb` (the native step's measured peak, e.g. from `mindstep bench`), or
             `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir`, `measure`,
             `force` (fixed forms per layer-name pattern, see `mindstep.optimize`) and `share`

@@ -183,7 +183,7 @@ def _opt_settings(cfg: BenchConfig, spec: dict, jit: dict, on_progress, i: int, 
             spec.update(optimize={"native_peak_mb": jit["peak_mem_mb"]}, budget_source="the jit row's peak")
         return calibration
     else:
-        spec["budget_source"] = "process memory before the pass (no jit row in this run)"
+        spec["budget_source"] = "the pass's estimate of the native peak (no jit row in this run)"
     return None
 
 

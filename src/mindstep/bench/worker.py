@@ -109,7 +109,7 @@ def run(spec: dict) -> dict:
             settings["optimize_s"] = round(step.optimize_s, 2)
             budget = step.optimize_budget_mb
             settings["memory_budget_mb"] = None if budget is None else round(budget, 1)
-            settings["memory_budget_from"] = spec.get("budget_source", "process memory before the pass")
+            settings["memory_budget_from"] = spec.get("budget_source", "the pass's estimate of the native peak")
             settings["rewritten"] = f"{sum(r['choice'] != 'native' for r in table)}/{len(table)} layers"
             settings["optimize_report"] = table
         if k > 1:

@@ -156,3 +156,25 @@ def config_mb(conv: nn.Conv2d, form: str, input_hw) -> float:
         return 0.0
     phases = conv.stride[0] * conv.stride[1] if "+phases" in form else 0
     return CONFIG_MB + PHASE_MB * phases
+
+
+# A lower bound of what a native training step adds to the process's memory (peak RSS over the RSS
+# before it), for `optimize=True`'s budget when nothing has measured the native step: a floor, the
+# compiled graph's memory per call of a leaf layer, the activations the backward keeps, and the
+# gradients. Under every one of six networks, native `jit` step (Momentum) after the shape probe,
+# Intel Xeon family 6 model 207, MindSpore 2.10 CPU, batch 16 (rrdbnet 4), 32 px (growth measured /
+# this bound, MB): a 2-conv net 115 / 74 (5 leaf calls), tests/archs MobileNetV2 216-239 / 174 (53),
+# DenseNet 192-195 / 154 (35), ResNet-18 385 / 236 (61 calls, 45 MB of weights), ResNet-50 827 / 555
+# (159, 97 MB), rrdbnet 474 / 208 (61); the floor is kept ~20 % under the tightest of them
+# (tests/test_optimize.py checks two in fresh processes). At 224 px the activations dominate:
+# ResNet-50 at batch 32 grows ~5.7 GB, the bound ~4.5 GB. The process's memory before the pass alone
+# (the earlier reference) is MindSpore's own ~495 MB plus the model: about half these steps' peaks.
+NATIVE_FLOOR_MB = 60.0
+NATIVE_CALL_MB = 2.0
+
+
+def native_growth_mb(calls: int = 0, activation_mb: float = 0.0, param_mb: float = 0.0) -> float:
+    """A lower bound (MB) of the memory a native training step adds (see NATIVE_FLOOR_MB), from the
+    shape probe's counts (`pass_.record_inputs(stats=...)`): leaf-layer calls, their outputs' size,
+    the trainable parameters' size."""
+    return NATIVE_FLOOR_MB + NATIVE_CALL_MB * calls + activation_mb + param_mb

@@ -29,21 +29,44 @@ def _rewritable(cell) -> bool:
     return isinstance(cell, nn.Conv2d) or kind_of(cell) is not None
 
 
-def record_inputs(nets, run, inputs=()) -> dict:
+def record_inputs(nets, run, inputs=(), stats: dict | None = None) -> dict:
     """{id(layer): (input shape, dtype, input needs a gradient)} for every layer in `nets` the pass can
     rewrite (`nn.Conv2d`, `KINDS`), from one eager, inference-mode call of `run()` (see
     `mindstep._probe.probe_forward`).
 
     A conv whose input is one of `inputs` itself (the batch, e.g. the stem of an image model) needs
     no input gradient in a training step: MindSpore drops that unused computation from the compiled
-    step, so the pass times such a layer without it."""
+    step, so the pass times such a layer without it.
+
+    `stats`, when given, receives what `memory.native_growth_mb` reads off the same call: `calls`
+    (calls of leaf Cells, layers without sub-Cells), `activation_mb` (the fp32 size of their tensor
+    outputs) and `param_mb` (the nets' trainable parameters)."""
     shapes = {}
+    seen = {"calls": 0, "activation_mb": 0.0}
 
     def hook(cell, args, out):
         leaf = any(args[0] is t for t in inputs)
         shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype, not leaf))
 
-    probe_forward(nets, lambda cell: hook if _rewritable(cell) else None, run)
+    def count(cell, args, out):
+        seen["calls"] += 1
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, ms.Tensor):
+                seen["activation_mb"] += 4.0 * t.size / 2**20
+
+    def both(cell, args, out):  # a hook's return value would replace the output: return None
+        hook(cell, args, out)
+        count(cell, args, out)
+
+    def hook_for(cell):
+        leaf = next(iter(cell.cells()), None) is None
+        if _rewritable(cell):
+            return both if leaf else hook
+        return count if leaf else None
+
+    probe_forward(nets, hook_for, run)
+    if stats is not None:
+        stats.update(seen, param_mb=4.0 * sum(p.size for net in nets for p in net.trainable_params()) / 2**20)
     return shapes
 
 
@@ -56,16 +79,28 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def budget_mb(rss_before_probe: float, rss_after_probe: float, native_peak_mb: float | None = None) -> float:
-    """The memory the composed forms may keep: (PEAK_RATIO - 1) x the native step's peak, less what
-    the shape probe itself took.
+def budget_mb(rss_before_probe: float, rss_after_probe: float, native_peak_mb: float | None = None,
+              native_growth_mb: float = 0.0) -> float:
+    """The memory the composed forms may keep: (PEAK_RATIO - 1) x the native step's peak, less the
+    part of the shape probe's own memory a step may keep (`PROBE_KEPT`).
 
     The native step's peak is `native_peak_mb` when known (e.g. measured by `mindstep bench`'s `jit`
-    row); otherwise the memory this process held before the probe stands in for it, which is
-    conservative (the native step's peak is higher: it adds compiling, activations and gradients).
+    row); otherwise the memory this process held before the probe plus `native_growth_mb`, a lower
+    bound of what the native step adds to it (`memory.native_growth_mb`, from the probe's counts).
     """
-    reference = native_peak_mb if native_peak_mb is not None else rss_before_probe
-    return max(0.0, (PEAK_RATIO - 1.0) * reference - max(0.0, rss_after_probe - rss_before_probe))
+    if native_peak_mb is not None:
+        reference = native_peak_mb
+    else:
+        reference = rss_before_probe + max(0.0, native_growth_mb)
+    return max(0.0, (PEAK_RATIO - 1.0) * reference - PROBE_KEPT * max(0.0, rss_after_probe - rss_before_probe))
+
+
+# How much of the shape probe's own memory (an eager forward) a training step keeps: the native `jit`
+# step's peak RSS with the probe run first against without, on an Intel Xeon family 6 model 207
+# (MindSpore 2.10 CPU, 32 px): rrdbnet 972 vs 973 MB (probe 54 MB), ResNet-18 928 vs 927 (44),
+# ResNet-50 1425 vs 1396 (69): at most 0.42 of it, so a half is counted. (The whole probe was once
+# counted, which with a budget from the process's memory alone left DenseNet-121 28 MB.)
+PROBE_KEPT = 0.5
 
 
 def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
@@ -288,7 +323,8 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         memory_budget_mb: cap on the summed extra memory the composed forms keep during a step
             (estimated from the shapes, see `memory.extra_mb`); over it, the layers losing the least
             time per MB saved step down to a leaner form or back to native (`apply_budget`). "auto" (default): `budget_mb` with this process's memory
-            standing in for the native step's peak (conservative); None: no cap; or a number of MB.
+            plus a lower bound of what the native step adds (`memory.native_growth_mb`) standing in
+            for the native step's peak (conservative); None: no cap; or a number of MB.
         force: `{layer-name pattern: form}` (fnmatch patterns, first match wins; forms: 'native',
             'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, each also with
             '+native-dw' (MindSpore's own weight-gradient kernel), 'batched+native-fwd-dx' and
@@ -337,9 +373,10 @@ def run_pass(nets, run, *, memory_budget_mb="auto", native_peak_mb: float | None
     # every probe graph compiles behind MindSpore's full `gc.collect()`: keep the process's existing
     # objects out of those walks (`gc_frozen`); what they leave behind is collected just below
     with gc_frozen():
-        shapes = record_inputs(nets, run, inputs)
+        stats = {}
+        shapes = record_inputs(nets, run, inputs, stats)
         if memory_budget_mb == "auto":
-            memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb)
+            memory_budget_mb = budget_mb(before, rss_mb(), native_peak_mb, memory.native_growth_mb(**stats))
         table = rewrite(nets, shapes, device=device, cache_dir=cache_dir, measure=measure,
                         memory_budget_mb=memory_budget_mb, force=force, share=share)
     # the probes' Cells (and the graphs MindSpore compiled for them) are garbage now: free them before
