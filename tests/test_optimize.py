@@ -683,6 +683,10 @@ def test_probe_counts_leaf_calls_activations_and_parameters():
     assert stats["param_mb"] == pytest.approx(4.0 * sum(p.size for p in net.trainable_params()) / 2**20)
     assert memory.native_growth_mb(**stats) == pytest.approx(
         memory.NATIVE_FLOOR_MB + memory.NATIVE_CALL_MB * 9 + stats["activation_mb"] + stats["param_mb"])
+    half = nn.SequentialCell(nn.Dense(4, 8), nn.ReLU()).to_float(ms.float16)  # outputs in their own dtype
+    stats = {}
+    record_inputs([half], lambda: half(ms.Tensor(np.ones((2, 4), np.float32))), (), stats)
+    assert stats["calls"] == 2 and stats["activation_mb"] == pytest.approx(2 * (2 * 8) * 2 / 2**20)
 
 
 def test_zero_budget_leaves_every_layer_native(tmp_path):

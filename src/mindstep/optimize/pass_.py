@@ -39,8 +39,8 @@ def record_inputs(nets, run, inputs=(), stats: dict | None = None) -> dict:
     step, so the pass times such a layer without it.
 
     `stats`, when given, receives what `memory.native_growth_mb` reads off the same call: `calls`
-    (calls of leaf Cells, layers without sub-Cells), `activation_mb` (the fp32 size of their tensor
-    outputs) and `param_mb` (the nets' trainable parameters)."""
+    (calls of leaf Cells, layers without sub-Cells), `activation_mb` (the size of their tensor
+    outputs) and `param_mb` (of the nets' trainable parameters)."""
     shapes = {}
     seen = {"calls": 0, "activation_mb": 0.0}
 
@@ -52,7 +52,7 @@ def record_inputs(nets, run, inputs=(), stats: dict | None = None) -> dict:
         seen["calls"] += 1
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, ms.Tensor):
-                seen["activation_mb"] += 4.0 * t.size / 2**20
+                seen["activation_mb"] += t.nbytes / 2**20
 
     def both(cell, args, out):  # a hook's return value would replace the output: return None
         hook(cell, args, out)
@@ -66,7 +66,7 @@ def record_inputs(nets, run, inputs=(), stats: dict | None = None) -> dict:
 
     probe_forward(nets, hook_for, run)
     if stats is not None:
-        stats.update(seen, param_mb=4.0 * sum(p.size for net in nets for p in net.trainable_params()) / 2**20)
+        stats.update(seen, param_mb=sum(p.nbytes for net in nets for p in net.trainable_params()) / 2**20)
     return shapes
 
 
