@@ -44,25 +44,22 @@ def record_inputs(nets, run, inputs=(), stats: dict | None = None) -> dict:
     shapes = {}
     seen = {"calls": 0, "activation_mb": 0.0}
 
-    def hook(cell, args, out):
-        leaf = any(args[0] is t for t in inputs)
-        shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype, not leaf))
-
-    def count(cell, args, out):
-        seen["calls"] += 1
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, ms.Tensor):
-                seen["activation_mb"] += t.nbytes / 2**20
-
-    def both(cell, args, out):  # a hook's return value would replace the output: return None
-        hook(cell, args, out)
-        count(cell, args, out)
-
     def hook_for(cell):
-        leaf = next(iter(cell.cells()), None) is None
-        if _rewritable(cell):
-            return both if leaf else hook
-        return count if leaf else None
+        rewritable, leaf = _rewritable(cell), next(iter(cell.cells()), None) is None
+        if not (rewritable or leaf):
+            return None
+
+        def hook(cell, args, out):  # returns None: a hook's return value would replace the output
+            if rewritable:
+                batch = any(args[0] is t for t in inputs)
+                shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype, not batch))
+            if leaf:
+                seen["calls"] += 1
+                for t in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(t, ms.Tensor):
+                        seen["activation_mb"] += t.nbytes / 2**20
+
+        return hook
 
     probe_forward(nets, hook_for, run)
     if stats is not None:
