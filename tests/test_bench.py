@@ -321,3 +321,54 @@ def test_a_failed_run_fails_the_repeated_row():
     ok = {"step_ms_p50": 1.0, "step_ms_p90": 1.0, "compile_s": 1.0, "peak_mem_mb": 1.0, "batch_size": 1}
     row = runner.combine([ok, {"error": "exit code 1: boom"}])
     assert row["error"] == "exit code 1: boom (run 2 of 2)"
+
+
+def test_a_run_stops_timing_after_whole_windows_that_add_up_to_max_seconds():
+    from mindstep.bench.worker import enough
+
+    assert not enough([], 1, 1.0)  # at least one call is timed
+    assert not enough([0.4, 0.5], 1, 1.0) and enough([0.4, 0.7], 1, 1.0)
+    assert not enough([5.0], 2, 1.0) and enough([5.0, 1.0], 2, 1.0)  # only at the end of a window
+    assert not enough([9.0, 9.0, 9.0], 2, 1.0) and enough([9.0] * 4, 2, 1.0)
+    assert not enough([100.0] * 50, 1, None)  # None: every --steps step is timed
+
+
+@pytest.mark.parametrize("mode, timed", [("jit", 1), ("jit-accum", 3), ("model", 1)])
+def test_max_seconds_cuts_a_slow_modes_timed_steps_and_the_row_says_so(mode, timed):
+    """A limit every call exceeds: one call (one window for jit-accum) is timed and the row says why;
+    without a limit every step is."""
+    from mindstep.bench import worker
+
+    spec = {"mode": mode, "model": "mlp", "batch_size": 4, "image_size": 16, "seq_len": 16, "seed": 0, "steps": 6,
+            "warmup": 1, "distinct_batches": 2, "features": False, "accumulate": 3, "profile_dir": None}
+    try:
+        cut = worker.run({**spec, "max_seconds": 1e-9})
+        full = worker.run({**spec, "max_seconds": None})
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)  # `model` runs in GRAPH_MODE
+    assert cut["timed_calls"] == timed and full["timed_calls"] == 6
+    assert cut["settings"]["timed_calls_why"].startswith(f"{timed} of 6 calls timed")
+    assert "--max-seconds 1e-09" in cut["settings"]["timed_calls_why"]
+    assert "timed_calls_why" not in full["settings"]
+    assert cut["loss_first"] == full["loss_first"] and cut["step_ms_p50"] > 0
+
+
+def test_max_seconds_is_validated_and_short_runs_are_reported():
+    from mindstep.cli import build_parser
+
+    assert runner.BenchConfig(model="mlp").validate().max_seconds == 60.0
+    assert runner.BenchConfig(model="mlp", max_seconds="none").validate().max_seconds is None
+    assert runner.BenchConfig(model="mlp", max_seconds="2.5").validate().max_seconds == 2.5
+    for bad in (0, -1, "soon", True):
+        with pytest.raises(ValueError, match="`max_seconds`.*'none'"):
+            runner.BenchConfig(model="mlp", max_seconds=bad).validate()
+    assert build_parser().parse_args(["bench", "--max-seconds", "none"]).max_seconds == "none"
+    assert runner.spec_for(runner.BenchConfig(model="mlp", max_seconds=9).validate(), "jit")["max_seconds"] == 9.0
+    # repeated runs: the row keeps the run that timed fewest, and the output names it
+    run = {"step_ms_p50": 1.0, "step_ms_p90": 1.0, "compile_s": 1.0, "peak_mem_mb": 1.0, "batch_size": 1}
+    why = "1 of 5 calls timed: they took 70.0 s, over --max-seconds 60"
+    row = runner.combine([{**run, "timed_calls": 5, "settings": {}},
+                          {**run, "timed_calls": 1, "settings": {"timed_calls_why": why}}])
+    assert row["timed_calls"] == 1 and row["settings"]["timed_calls_why"] == why
+    rep = {"results": [{**row, "mode": "jit", "status": "ok"}, {**run, "mode": "seed", "status": "ok", "settings": {}}]}
+    assert report.short_runs(rep) == [f"jit: {why} (the run that timed fewest)"]

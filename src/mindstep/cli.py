@@ -206,6 +206,7 @@ def _cmd_bench(args) -> int:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     cfg = runner.BenchConfig(model=args.model, modes=modes, batch_size=args.batch_size, image_size=args.image_size,
                              seq_len=args.seq_len, steps=args.steps, warmup=args.warmup, repeat=args.repeat,
+                             max_seconds=args.max_seconds,
                              distinct_batches=args.distinct_batches,
                              features=args.all_features, opt_memory_budget=args.opt_memory_budget,
                              accumulate=args.accumulate,
@@ -377,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=_positive, default=64)
     p.add_argument("--steps", type=_positive, default=5, help="timed steps per mode (median reported)")
     p.add_argument("--warmup", type=_positive, default=1, help="untimed steps first (the first one compiles)")
+    p.add_argument("--max-seconds", default=60.0, metavar="S|none",
+                   help="a mode's timed steps stop once they add up to S seconds (default 60; at least one step, "
+                        "or one accumulation window, is timed, and the output says when fewer than --steps "
+                        "were); 'none' always times --steps")
     p.add_argument("--repeat", type=_positive, default=1,
                    help="run every mode R times, interleaved; report the median and spread of the runs (default 1)")
     p.add_argument("--distinct-batches", type=_positive, default=2,

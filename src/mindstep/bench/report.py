@@ -39,7 +39,9 @@ def title(report: dict) -> str:
     sources = sorted({r["mem_source"] for r in report["results"] if r.get("mem_source")})
     repeat = c.get("repeat", 1)
     runs = (f"; median of {repeat} interleaved runs per mode, ± half the range of their p50s" if repeat > 1 else "")
-    return (f"{c['model']}, batch {c['batch_size']}, {size}, {c['steps']} timed steps after {c['warmup']} warm-up, "
+    limit = c.get("max_seconds")
+    limit = f" (at most {limit:g} s of them per run)" if limit else ""
+    return (f"{c['model']}, batch {c['batch_size']}, {size}, {c['steps']} timed steps{limit} after {c['warmup']} warm-up, "
             f"{report['device']}, MindSpore {report['mindspore']}, peak {report['peak_gflops']:.1f} GFLOP/s "
             f"(best 2048^2 fp32 matmul of {len(report.get('peak_runs_gflops', [])) or 1} runs); "
             f"memory = {', '.join(sources) or 'n/a'}{runs}\nCPU: {_cpu_line(report)}")
@@ -61,12 +63,23 @@ def print_table(report: dict, console: Console | None = None) -> None:
     for r in report["results"]:
         if r.get("status") == "failed":
             console.print(f"[red]{r['mode']} failed:[/red] {r['error']}")
+    for line in short_runs(report):
+        console.print(line)
+
+
+def short_runs(report: dict) -> list[str]:
+    """A line for each mode whose runs timed fewer calls than --steps asked (`--max-seconds`)."""
+    return [f"{r['mode']}: {r['settings']['timed_calls_why']}" + (" (the run that timed fewest)" if "runs" in r else "")
+            for r in report["results"] if r.get("status") == "ok" and "timed_calls_why" in (r.get("settings") or {})]
 
 
 def markdown(report: dict) -> str:
     lines = ["# mindstep bench", "", title(report), "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
+    short = short_runs(report)
+    if short:
+        lines += [""] + [f"- {line}" for line in short]
     lines += ["", "Settings per mode:", ""]
     for r in report["results"]:
         settings = {k: v for k, v in (r.get("settings") or {}).items() if k != "optimize_report"}

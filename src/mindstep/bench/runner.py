@@ -13,7 +13,7 @@ import mindspore as ms
 from .. import _cpu
 from .._errors import bad_value, check_choice, check_int
 from .modes import ACCUMULATE, MODES
-from .worker import PREFIX
+from .worker import MAX_SECONDS, PREFIX
 from .zoo import MODELS
 
 DEFAULT_MODES = ("pynative", "jit", "jit-opt", "seed", "model")
@@ -28,6 +28,7 @@ class BenchConfig:
     seq_len: int = 64
     steps: int = 5
     warmup: int = 1
+    max_seconds: float | None = MAX_SECONDS  # a run's timed steps stop once they add up to this (None: never)
     repeat: int = 1  # runs of every mode, interleaved; rows report the median of the per-run medians
     seed: int = 0
     distinct_batches: int = 2
@@ -52,6 +53,18 @@ class BenchConfig:
         check_int("image_size", self.image_size, minimum=8, fix="ResNets need at least 8 px, e.g. --image-size 32.")
         check_int("seq_len", self.seq_len, minimum=1)
         check_int("steps", self.steps, minimum=1)
+        if self.max_seconds in ("none", None):
+            self.max_seconds = None
+        else:
+            try:
+                seconds = float(self.max_seconds)
+            except (TypeError, ValueError):
+                seconds = -1.0
+            if isinstance(self.max_seconds, bool) or not seconds > 0:
+                raise bad_value("max_seconds", self.max_seconds, "a number of seconds > 0, or 'none'",
+                                "e.g. --max-seconds 600 to time more steps of a slow mode, or --max-seconds none "
+                                "to always time --steps steps.")
+            self.max_seconds = seconds
         check_int("warmup", self.warmup, minimum=1, fix="The first call compiles; keep --warmup >= 1 so it is not timed.")
         check_int("distinct_batches", self.distinct_batches, minimum=1)
         check_int("repeat", self.repeat, minimum=1, fix="e.g. --repeat 3 to see the spread between runs.")
@@ -73,6 +86,7 @@ class BenchConfig:
 def spec_for(cfg: BenchConfig, mode: str) -> dict:
     return {"mode": mode, "model": cfg.model, "batch_size": cfg.batch_size, "image_size": cfg.image_size,
             "seq_len": cfg.seq_len, "seed": cfg.seed, "steps": cfg.steps, "warmup": cfg.warmup,
+            "max_seconds": cfg.max_seconds,
             "distinct_batches": cfg.distinct_batches, "features": cfg.features, "accumulate": cfg.accumulate,
             "profile_dir": os.path.join(cfg.profile_dir, mode) if cfg.profile_dir else None}
 
@@ -150,7 +164,9 @@ RUN_KEYS = ("step_ms_p50", "step_ms_p90", "compile_s", "peak_mem_mb")
 
 def combine(outs: list) -> dict:
     """One row from a mode's repeated runs: the median of each per-run figure, with every run's
-    figures under `runs` and the p50's spread ((max - min) / median); a failed run fails the row."""
+    figures under `runs` and the p50's spread ((max - min) / median), and the fewest calls a run timed
+    (`timed_calls`, with that run's `timed_calls_why` when `--max-seconds` cut it); a failed run fails
+    the row."""
     failed = [o for o in outs if "error" in o]
     if failed:
         return dict(failed[0], error=failed[0]["error"] + (f" (run {outs.index(failed[0]) + 1} of {len(outs)})"
@@ -161,6 +177,12 @@ def combine(outs: list) -> dict:
     for key in RUN_KEYS:
         row[key] = statistics.median(o[key] for o in outs)
     row["throughput"] = row["batch_size"] / (row["step_ms_p50"] / 1000.0)
+    fewest = min(outs, key=lambda o: o.get("timed_calls", 0))
+    row["timed_calls"] = fewest.get("timed_calls", 0)
+    settings = {k: v for k, v in (row.get("settings") or {}).items() if k != "timed_calls_why"}
+    if "timed_calls_why" in (fewest.get("settings") or {}):
+        settings["timed_calls_why"] = fewest["settings"]["timed_calls_why"]
+    row["settings"] = settings
     p50s = [o["step_ms_p50"] for o in outs]
     row["runs"] = {key: [o[key] for o in outs] for key in RUN_KEYS}
     row["step_ms_spread"] = (max(p50s) - min(p50s)) / row["step_ms_p50"]

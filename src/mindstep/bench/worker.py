@@ -80,7 +80,7 @@ def run(spec: dict) -> dict:
 
     k = 1  # calls per update
     if spec["mode"] == "model":
-        times, losses, compile_s, settings = _run_model(net, loss_fn, feed())
+        times, losses, compile_s, settings = _run_model(net, loss_fn, feed(), warmup, spec.get("max_seconds"))
     else:
         run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
                                          optimize=spec.get("optimize", True), accumulate=spec.get("accumulate", modes.ACCUMULATE))
@@ -97,6 +97,8 @@ def run(spec: dict) -> dict:
             loss = float(run_step(*batch).asnumpy())  # asnumpy synchronises before the clock is read
             times.append(time.perf_counter() - t0)
             losses.append(loss)
+            if enough(times[warmup:], k, spec.get("max_seconds")):
+                break
         if profiler is not None:
             profiler.stop()
             profiler.analyse()
@@ -116,14 +118,31 @@ def run(spec: dict) -> dict:
             settings["timed_as"] = f"per call, the mean over each window of {k} calls"
     measured = per_call(times[warmup:], k)
     p50 = statistics.median(measured)
+    if len(times) - warmup < steps:
+        settings["timed_calls_why"] = (f"{len(times) - warmup} of {steps} calls timed: they took "
+                                       f"{sum(times[warmup:]):.1f} s, over --max-seconds {spec['max_seconds']:g}")
     mem, source = _peak_mem_mb()
     return {
         "mode": spec["mode"], "model": spec["model"], "batch_size": batch_size,
         "throughput": batch_size / p50, "step_ms_p50": 1000 * p50,
         "step_ms_p90": 1000 * float(np.percentile(measured, 90)), "compile_s": compile_s,
         "peak_mem_mb": mem, "mem_source": source, "flops_per_step": flops,
-        "loss_first": losses[0], "loss_last": losses[-1], "settings": settings,
+        "loss_first": losses[0], "loss_last": losses[-1], "timed_calls": len(times) - warmup, "settings": settings,
     }
+
+
+# A run's timed calls stop once they add up to this many seconds (`mindstep bench --max-seconds`): a
+# ResNet-50 step at the tutorial's 224 px, batch 32, took 177-189 s natively on this project's CPUs, so
+# the default 5 timed steps of `jit` and `model` alone took over 30 minutes; at least one call (or one
+# accumulation window) is always timed, and the row says how many were.
+MAX_SECONDS = 60.0
+
+
+def enough(timed: list, k: int = 1, max_seconds: float | None = MAX_SECONDS) -> bool:
+    """Whether a run may stop timing after these timed calls (seconds each): they end a whole window of
+    `k` calls, there is at least one window, and they add up to `max_seconds` (None: never stop early)."""
+    return (max_seconds is not None and len(timed) >= k and len(timed) % k == 0
+            and sum(timed) >= max_seconds)
 
 
 def per_call(times: list, k: int = 1) -> list:
@@ -166,8 +185,9 @@ def _start_profiler(out_dir: str):
     return Profiler(output_path=out_dir)
 
 
-def _run_model(net, loss_fn, feed):
-    """`mindspore.train.Model` in GRAPH_MODE; step times from a callback at each step boundary."""
+def _run_model(net, loss_fn, feed, warmup: int = 1, max_seconds: float | None = None):
+    """`mindspore.train.Model` in GRAPH_MODE; step times from a callback at each step boundary, which
+    stops the training once the timed steps are `enough`."""
     import mindspore.dataset as ds
     from mindspore.train import Callback, Model
 
@@ -195,6 +215,8 @@ def _run_model(net, loss_fn, feed):
             loss = out[0] if isinstance(out, (tuple, list)) else out
             self.losses.append(float(loss.asnumpy()))
             self.times.append(time.perf_counter() - self.t0)
+            if enough(self.times[warmup:], 1, max_seconds):
+                run_context.request_stop()
 
     timer = Timer()
     sink = ms.get_context("device_target") != "CPU"  # sink mode silently falls back on CPU anyway
