@@ -155,6 +155,17 @@ def test_flops_of_dense_and_conv_match_the_formula():
     net = nn.SequentialCell(nn.Conv2d(3, 8, 3, pad_mode="same"), nn.Flatten(), nn.Dense(8 * 6 * 6, 5))
     flops = forward_flops(net, (ms.Tensor(np.ones((2, 3, 6, 6), np.float32)),))
     assert flops == 2 * (2 * 8 * 6 * 6) * 3 * 9 + 2 * 2 * (8 * 6 * 6) * 5
+    # linear in the batch, which lets the bench count one sample and scale it
+    assert forward_flops(net, (ms.Tensor(np.ones((1, 3, 6, 6), np.float32)),)) * 2 == flops
+
+
+@pytest.mark.parametrize("model", ["bert", "resnet18"])
+def test_a_bench_models_flops_are_linear_in_the_batch(model):
+    spec = MODELS[model]
+    ms.set_seed(0)
+    net = spec.build(16, 8)
+    x = ms.Tensor(spec.batch(np.random.default_rng(0), 3, 16, 8)[0])
+    assert forward_flops(net, (x,)) == pytest.approx(3 * forward_flops(net, (x[:1],)), rel=1e-12)
 
 
 def test_flop_count_leaves_weights_statistics_and_training_flags_alone():
