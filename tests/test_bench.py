@@ -344,10 +344,10 @@ def test_a_run_stops_timing_after_whole_windows_that_add_up_to_max_seconds():
     assert not enough([100.0] * 50, 1, None)  # None: every --steps step is timed
 
 
-@pytest.mark.parametrize("mode, timed", [("jit", 1), ("jit-accum", 3), ("model", 1)])
-def test_max_seconds_cuts_a_slow_modes_timed_steps_and_the_row_says_so(mode, timed):
-    """A limit every call exceeds: one call (one window for jit-accum) is timed and the row says why;
-    without a limit every step is."""
+@pytest.mark.parametrize("mode, timed, warmup", [("jit", 1, 1), ("jit-accum", 3, 3), ("model", 1, 1)])
+def test_max_seconds_cuts_a_slow_modes_timed_steps_and_the_row_says_so(mode, timed, warmup):
+    """A limit every call exceeds: one call (one window for jit-accum, whose warm-up is a window too) is
+    timed and the row says why; without a limit every step is."""
     from mindstep.bench import worker
 
     spec = {"mode": mode, "model": "mlp", "batch_size": 4, "image_size": 16, "seq_len": 16, "seed": 0, "steps": 6,
@@ -360,6 +360,7 @@ def test_max_seconds_cuts_a_slow_modes_timed_steps_and_the_row_says_so(mode, tim
     assert cut["timed_calls"] == timed and full["timed_calls"] == 6
     assert cut["settings"]["timed_calls_why"].startswith(f"{timed} of 6 calls timed")
     assert "--max-seconds 1e-09" in cut["settings"]["timed_calls_why"]
+    assert cut["settings"]["timed_calls_why"].endswith(f"loss last is that of call {warmup + timed}, not {warmup + 6}")
     assert "timed_calls_why" not in full["settings"]
     assert cut["loss_first"] == full["loss_first"] and cut["step_ms_p50"] > 0
 

@@ -122,7 +122,8 @@ def run(spec: dict) -> dict:
     p50 = statistics.median(measured)
     if len(times) - warmup < steps:
         settings["timed_calls_why"] = (f"{len(times) - warmup} of {steps} calls timed: they took "
-                                       f"{sum(times[warmup:]):.1f} s, over --max-seconds {spec['max_seconds']:g}")
+                                       f"{sum(times[warmup:]):.1f} s, over --max-seconds {spec['max_seconds']:g}; "
+                                       f"its loss last is that of call {len(times)}, not {warmup + steps}")
     mem, source = _peak_mem_mb()
     return {
         "mode": spec["mode"], "model": spec["model"], "batch_size": batch_size,
