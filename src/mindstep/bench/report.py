@@ -40,7 +40,7 @@ def title(report: dict) -> str:
     repeat = c.get("repeat", 1)
     runs = (f"; median of {repeat} interleaved runs per mode, ± half the range of their p50s" if repeat > 1 else "")
     limit = c.get("max_seconds")
-    limit = f" (at most {limit:g} s of them per run)" if limit else ""
+    limit = f" (a run stops timing once they pass {limit:g} s)" if limit else ""
     return (f"{c['model']}, batch {c['batch_size']}, {size}, {c['steps']} timed steps{limit} after {c['warmup']} warm-up, "
             f"{report['device']}, MindSpore {report['mindspore']}, peak {report['peak_gflops']:.1f} GFLOP/s "
             f"(best 2048^2 fp32 matmul of {len(report.get('peak_runs_gflops', [])) or 1} runs); "
