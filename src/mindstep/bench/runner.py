@@ -56,11 +56,8 @@ class BenchConfig:
         if self.max_seconds in ("none", None):
             self.max_seconds = None
         else:
-            try:
-                seconds = float(self.max_seconds)
-            except (TypeError, ValueError):
-                seconds = -1.0
-            if isinstance(self.max_seconds, bool) or not seconds > 0:
+            seconds = _number(self.max_seconds)
+            if not seconds > 0:
                 raise bad_value("max_seconds", self.max_seconds, "a number of seconds > 0, or 'none'",
                                 "e.g. --max-seconds 600 to time more steps of a slow mode, or --max-seconds none "
                                 "to always time --steps steps.")
@@ -72,15 +69,23 @@ class BenchConfig:
                   fix="jit-accum accumulates K >= 2 micro-batches per update, e.g. --accumulate 4.")
         budget = self.opt_memory_budget
         if budget not in ("jit", "none"):
-            try:
-                budget = float(budget)
-            except (TypeError, ValueError):
-                budget = -1.0
-            if isinstance(self.opt_memory_budget, bool) or not budget >= 0:
+            budget = _number(budget)
+            if not budget >= 0:
                 raise bad_value("opt_memory_budget", self.opt_memory_budget, "'jit', 'none' or a number of MB >= 0",
                                 "e.g. --opt-memory-budget none, or --opt-memory-budget 300.")
             self.opt_memory_budget = budget
         return self
+
+
+def _number(value) -> float:
+    """A number, or its text (from the command line), as a float; NaN (which fails every bound) for
+    anything else, bools included."""
+    if isinstance(value, bool):
+        return float("nan")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def spec_for(cfg: BenchConfig, mode: str) -> dict:

@@ -120,8 +120,9 @@ def run(spec: dict) -> dict:
             settings["timed_as"] = f"per call, the mean over each window of {k} calls"
     measured = per_call(times[warmup:], k)
     p50 = statistics.median(measured)
-    if len(times) - warmup < steps:
-        settings["timed_calls_why"] = (f"{len(times) - warmup} of {steps} calls timed: they took "
+    timed = len(times) - warmup
+    if timed < steps:
+        settings["timed_calls_why"] = (f"{timed} of {steps} calls timed: they took "
                                        f"{sum(times[warmup:]):.1f} s, over --max-seconds {spec['max_seconds']:g}; "
                                        f"its loss last is that of call {len(times)}, not {warmup + steps}")
     mem, source = _peak_mem_mb()
@@ -130,7 +131,7 @@ def run(spec: dict) -> dict:
         "throughput": batch_size / p50, "step_ms_p50": 1000 * p50,
         "step_ms_p90": 1000 * float(np.percentile(measured, 90)), "compile_s": compile_s,
         "peak_mem_mb": mem, "mem_source": source, "flops_per_step": flops,
-        "loss_first": losses[0], "loss_last": losses[-1], "timed_calls": len(times) - warmup, "settings": settings,
+        "loss_first": losses[0], "loss_last": losses[-1], "timed_calls": timed, "settings": settings,
     }
 
 
@@ -141,7 +142,7 @@ def run(spec: dict) -> dict:
 MAX_SECONDS = 60.0
 
 
-def enough(timed: list, k: int = 1, max_seconds: float | None = MAX_SECONDS) -> bool:
+def enough(timed: list, k: int, max_seconds: float | None) -> bool:
     """Whether a run may stop timing after these timed calls (seconds each): they end a whole window of
     `k` calls, there is at least one window, and they add up to `max_seconds` (None: never stop early)."""
     return (max_seconds is not None and len(timed) >= k and len(timed) % k == 0
