@@ -689,6 +689,73 @@ def test_probe_counts_leaf_calls_activations_and_parameters():
     assert stats["calls"] == 2 and stats["activation_mb"] == pytest.approx(2 * (2 * 8) * 2 / 2**20)
 
 
+class BatchMeanSide(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.body, self.side = small_net(), nn.Conv2d(3, 4, 3, has_bias=False)
+
+    def construct(self, x):
+        return self.body(x) + self.side(x.mean(0, keep_dims=True)).mean()
+
+
+def _probe_both(net, run, inputs):
+    """(whole-batch record, small-batch probe, the batch sizes `run` saw in the probe)."""
+    from mindstep.optimize.pass_ import probe_inputs, record_inputs
+
+    whole, small, seen = {}, {}, []
+
+    def counted(*batch):
+        seen.append(int(batch[0].shape[0]))
+        return run(*batch)
+
+    shapes = record_inputs([net], lambda: run(*inputs), inputs, whole)
+    return (shapes, whole), (probe_inputs([net], counted, inputs, small), small), seen
+
+
+def test_probe_reads_the_batch_shapes_off_batches_1_and_2():
+    net = small_net()
+    x = ms.Tensor(np.random.default_rng(0).standard_normal((6, 3, 8, 8)).astype(np.float32))
+    y = ms.Tensor(np.zeros(6, np.int32))
+    loss = nn.CrossEntropyLoss()
+    (shapes, whole), (probed, small), seen = _probe_both(net, lambda x, y: loss(net(x), y), (x, y))
+    assert seen == [1, 2]  # the labels were cut with the images (else the loss would raise)
+    assert probed == shapes and len(probed) == 3  # shapes, dtypes, and the stem needing no input gradient
+    assert probed[id(net[0])] == ((6, 3, 8, 8), ms.float32, False)
+    assert small["calls"] == whole["calls"] and small["param_mb"] == whole["param_mb"]
+    assert small["activation_mb"] == pytest.approx(whole["activation_mb"])
+
+
+def test_probe_takes_the_whole_batch_when_small_batches_do_not_tell():
+    x = ms.Tensor(np.ones((6, 3, 8, 8), np.float32))
+    # a forward that hard-codes its batch raises at batch 1
+    net = small_net()
+    (shapes, _), (probed, _), seen = _probe_both(net, lambda x: net(x.reshape(6, 3, 8, 8)), (x,))
+    assert seen == [1, 6] and probed == shapes
+    # a layer whose input does not follow the batch (a conv on the batch mean)
+    odd = BatchMeanSide()
+    (shapes, _), (probed, _), seen = _probe_both(odd, odd, (x,))
+    assert seen == [1, 2, 6] and probed == shapes and shapes[id(odd.side)][0] == (1, 3, 8, 8)
+    # fewer than SMALL_PROBE_FROM samples: one call on the whole batch
+    net = small_net()
+    three = ms.Tensor(np.ones((3, 3, 8, 8), np.float32))
+    (shapes, _), (probed, _), seen = _probe_both(net, net, (three,))
+    assert seen == [3] and probed == shapes
+
+
+def test_extrapolate_needs_every_layer_proportional_to_the_batch():
+    from mindstep.optimize.pass_ import _extrapolate
+
+    f32 = ms.float32
+    one = {1: ((1, 3, 8, 8), f32, False), 2: ((4, 16), f32, True)}  # e.g. (batch x tokens, width)
+    two = {1: ((2, 3, 8, 8), f32, False), 2: ((8, 16), f32, True)}
+    assert _extrapolate(one, two, 32) == {1: ((32, 3, 8, 8), f32, False), 2: ((128, 16), f32, True)}
+    assert _extrapolate(one, {1: two[1]}, 32) is None  # a layer only one call met
+    assert _extrapolate(one, {**two, 2: ((5, 16), f32, True)}, 32) is None  # not 2x
+    assert _extrapolate(one, {**two, 2: ((8, 17), f32, True)}, 32) is None  # another axis moved
+    assert _extrapolate(one, {**two, 2: ((8, 16), ms.float16, True)}, 32) is None
+    assert _extrapolate(one, {**two, 2: ((8, 16), f32, False)}, 32) is None
+
+
 def test_zero_budget_leaves_every_layer_native(tmp_path):
     net = small_net()
     table = optimize(net, (np.ones((2, 3, 8, 8), np.float32),), cache_dir=str(tmp_path), memory_budget_mb=0)

@@ -405,10 +405,10 @@ class GANStep:
 
         d_loss, g_loss = self._losses
 
-        def probe():
-            fake = self.generator(*tensors[:self.g_inputs])
-            d_loss(ops.stop_gradient(fake), *tensors)
-            return g_loss(fake, *tensors)
+        def probe(*batch):
+            fake = self.generator(*batch[:self.g_inputs])
+            d_loss(ops.stop_gradient(fake), *batch)
+            return g_loss(fake, *batch)
 
         self.optimize_report, self.optimize_budget_mb = run_with_settings(self.nets, probe, self.optimize,
                                                                           inputs=tensors)

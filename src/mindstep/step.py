@@ -362,7 +362,7 @@ class TrainStep:
         if self.optimize is not None and self.optimize_report is None:
             t0 = time.perf_counter()
             self.optimize_report, self.optimize_budget_mb = run_with_settings(
-                self.nets, lambda: self.forward(*tensors), self.optimize, inputs=tensors)
+                self.nets, self.forward, self.optimize, inputs=tensors)
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True
