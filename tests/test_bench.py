@@ -225,6 +225,7 @@ def test_calibration_bisects_to_the_largest_budget_within_the_peak_ratio(monkeyp
 
     def run_worker(spec, timeout_s, extra_env=None):
         budget = spec["optimize"]["memory_budget_mb"]
+        assert (spec["warmup"], spec["steps"]) == (0, 1)  # the compiling call alone
         seen.append(budget)
         peak = 1000 + (0.5 * kept if budget is None else budget / RETAINED * 0.5)  # a step keeps half
         return {"peak_mem_mb": peak, "mem_source": "process peak RSS",
