@@ -284,6 +284,15 @@ def test_a_form_far_slower_than_the_fastest_is_timed_once(monkeypatch):
     assert timed.time(repeats=7, stop_above=0.0) > 0 and len(calls) == 2  # over the bound after one call
     assert timed.time(repeats=7) > 0 and len(calls) == 9
     assert decide.CLEAR_RATIO >= 1.5 * decide.MEMORY_MARGIN  # a stopped form could never have been chosen
+    assert timed.first_ms is None  # a short first call (~1 ms) is not timed: its one-time costs would show
+    # a first call of a second or more counts as a timed call: a layer that slow is not called again
+    monkeypatch.setattr(decide, "FIRST_SAMPLE_MS", 0.0)
+    calls.clear()
+    timed = decide._Timed(conv, x, r)
+    timed.first()
+    assert timed.first_ms is not None and len(calls) == 1
+    assert timed.time(repeats=7, stop_above=0.0) == timed.first_ms and len(calls) == 1
+    assert timed.time(repeats=3) > 0 and len(calls) == 3  # with the first, three calls
 
 
 def small_net():
