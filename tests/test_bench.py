@@ -345,10 +345,23 @@ def test_a_run_stops_timing_after_whole_windows_that_add_up_to_max_seconds():
     assert not enough([100.0] * 50, 1, None)  # None: every --steps step is timed
 
 
-@pytest.mark.parametrize("mode, timed, warmup", [("jit", 1, 1), ("jit-accum", 3, 3), ("model", 1, 1)])
-def test_max_seconds_cuts_a_slow_modes_timed_steps_and_the_row_says_so(mode, timed, warmup):
-    """A limit every call exceeds: one call (one window for jit-accum, whose warm-up is a window too) is
-    timed and the row says why; without a limit every step is."""
+def test_a_first_call_after_compiling_apart_is_timed_only_when_it_alone_reaches_max_seconds():
+    from mindstep.bench.worker import first_call_counts
+
+    assert first_call_counts([60.0], 1, 60.0) and not first_call_counts([59.9], 1, 60.0)
+    assert not first_call_counts([100.0], 2, 60.0)  # an accumulating step: its first window, not a call
+    assert not first_call_counts([100.0], 1, None)  # --max-seconds none: every step is timed
+    assert not first_call_counts([100.0], 1, 60.0, "prof")  # profiling starts after the warm-up
+    assert not first_call_counts([100.0, 100.0], 1, 60.0)  # only the first call
+
+
+@pytest.mark.parametrize("mode, timed, warmup, asked", [
+    ("jit", 1, 0, 7), ("onestep", 1, 0, 7), ("model", 1, 0, 7),  # compiled apart: the first call is timed
+    ("jit-accum", 3, 3, 9), ("seed", 1, 1, 7)])  # a window's update graph; an ms.jit function compiles in call 1
+def test_max_seconds_cuts_a_slow_modes_timed_steps_and_the_row_says_so(mode, timed, warmup, asked):
+    """A limit every call exceeds: one call is timed and the row says why; without a limit every step is.
+    A step compiled apart (a GRAPH_MODE Cell) times its first call, which only executed, and stops there;
+    one that compiles in its first call leaves it out (jit-accum a whole window, its warm-up)."""
     from mindstep.bench import worker
 
     spec = {"mode": mode, "model": "mlp", "batch_size": 4, "image_size": 16, "seq_len": 16, "seed": 0, "steps": 6,
@@ -361,8 +374,12 @@ def test_max_seconds_cuts_a_slow_modes_timed_steps_and_the_row_says_so(mode, tim
     assert cut["timed_calls"] == timed and full["timed_calls"] == 6
     assert cut["settings"]["timed_calls_why"].startswith(f"{timed} of 6 calls timed")
     assert "--max-seconds 1e-09" in cut["settings"]["timed_calls_why"]
-    assert cut["settings"]["timed_calls_why"].endswith(f"loss last is that of call {warmup + timed}, not {warmup + 6}")
+    assert cut["settings"]["timed_calls_why"].endswith(f"loss last is that of call {warmup + timed}, not {asked}")
+    assert ("(its first call, which ran after the step was compiled apart)" in cut["settings"]["timed_calls_why"]) \
+        == (warmup == 0)
+    assert ("compiled_apart_s" in cut["settings"]) == (mode != "seed")
     assert "timed_calls_why" not in full["settings"]
+    assert cut["compile_s"] >= cut["settings"].get("compiled_apart_s", 0)
     assert cut["loss_first"] == full["loss_first"] and cut["step_ms_p50"] > 0
 
 
@@ -379,7 +396,7 @@ def test_max_seconds_is_validated_and_short_runs_are_reported():
     assert runner.spec_for(runner.BenchConfig(model="mlp", max_seconds=9).validate(), "jit")["max_seconds"] == 9.0
     # repeated runs: the row keeps the run that timed fewest, and the output names it
     run = {"step_ms_p50": 1.0, "step_ms_p90": 1.0, "compile_s": 1.0, "peak_mem_mb": 1.0, "batch_size": 1}
-    why = "1 of 5 calls timed: they took 70.0 s, over --max-seconds 60"
+    why = "1 of 5 calls timed: it took 70.0 s, over --max-seconds 60"
     row = runner.combine([{**run, "timed_calls": 5, "settings": {}},
                           {**run, "timed_calls": 1, "settings": {"timed_calls_why": why}}])
     assert row["timed_calls"] == 1 and row["settings"]["timed_calls_why"] == why

@@ -169,3 +169,49 @@ def test_cells_in_forward_closure_are_put_in_training_mode():
     assert not net.training
     TrainStep.from_net(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.1))
     assert net.training and all(c.training for _, c in net.cells_and_names())
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_compile_apart_trains_nothing_and_the_first_call_does_not_compile(accumulate, caplog):
+    """`step.compile(*batch)` builds every graph (an accumulating step's update graph too) and changes no
+    weight, counter or optimizer state; the calls after it compile nothing and train exactly as a step
+    that compiled at its first call (BatchNorm in training mode, Adam's moments, the window)."""
+    def make():
+        net = seeded(ConvNet)
+        opt = nn.Adam(net.trainable_params(), 1e-2)
+        return net, TrainStep.from_net(net, nn.CrossEntropyLoss(), opt, accumulate=accumulate)
+
+    data = batches(4, MODELS["convnet"][1])
+    net, step = make()
+    ref_net, ref = make()
+    before = params_np(net.get_parameters()) | params_np(step.state_parameters())
+    assert step.compile(*data[0]) == (2 if accumulate > 1 else 1)
+    assert step.compile_count == 1 and step.update_compile_count == (1 if accumulate > 1 else 0)
+    after = params_np(net.get_parameters()) | params_np(step.state_parameters())
+    assert all(np.array_equal(after[k], before[k]) for k in before), "compile() must not train"
+    assert step.compile(*data[1]) == 0  # same signature: compiled already
+    with caplog.at_level(logging.WARNING, logger="mindstep"):
+        losses = [float(step(x, y)["loss"]) for x, y in data]
+    assert not caplog.records
+    assert step.compile_count == 1 and step.update_compile_count == (1 if accumulate > 1 else 0)
+    assert losses == [float(ref(x, y)["loss"]) for x, y in data]
+    assert_params_close(params_np(net.get_parameters()), params_np(ref_net.get_parameters()), rtol=0, atol=0)
+    assert int(step(*data[0])["step"]) == 5 // accumulate  # updates so far
+
+
+def test_compile_apart_runs_the_pass_first_and_refuses_what_it_cannot_compile():
+    net = seeded(ConvNet)
+    step = TrainStep.from_net(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.1),
+                              optimize={"force": {"*": "one-gemm"}, "memory_budget_mb": None})
+    x, y = batches(1, MODELS["convnet"][1])[0]
+    step.compile(x, y)
+    assert step.optimize_report and any(r["choice"] != "native" for r in step.optimize_report)
+    step(x, y)
+    assert step.compile_count == 1
+    for kwargs in ({"jit": False}, {"compiler": "function"}):
+        net2 = seeded(MLP)
+        other = TrainStep.from_net(net2, nn.CrossEntropyLoss(), nn.SGD(net2.trainable_params(), 0.1), **kwargs)
+        with pytest.raises(ValueError, match=r"compiler=.*valid: 'cell'.*compiler='cell'"):
+            other.compile(*batches(1, (8, 32))[0])
+    with pytest.raises(ValueError, match=r"step.compile\(\*batch\) needs at least one batch element"):
+        step.compile()

@@ -278,6 +278,26 @@ class Runner:
             self._ptrs = [p.data_ptr() for p in self._watch]
         return out
 
+    def compile(self, *tensors) -> int:
+        """Compile the step for these inputs without running it (`Cell.compile`, GRAPH_MODE Cell
+        only): the next call with inputs of the same shapes and dtypes only executes. Returns how
+        many graphs it compiled (0: this signature was compiled already)."""
+        if self.compiler != "cell":
+            raise ValueError(f"{self.name}: compile() compiles a GRAPH_MODE Cell step ahead of its first call, but "
+                             f"this step runs as {self.compiler!r} (valid: 'cell'). Build it with "
+                             "TrainStep(..., compiler='cell') (the default), or let its first call compile it.")
+        sig = signature(tensors)
+        new_sig = sig not in self._signatures
+        before = self._cache_size()
+        with graph_mode():
+            self.cell.compile(*tensors)
+        compiled = self._cache_size() - before
+        if new_sig:
+            self._signatures.append(sig)
+        self._report(sig, new_sig, compiled)
+        self.compile_count += compiled
+        return compiled
+
     def _report(self, sig: tuple, new_sig: bool, compiled: int) -> None:
         if not compiled or self.compile_count == 0:
             return

@@ -381,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", default=60.0, metavar="S|none",
                    help="a mode's timed steps stop once they add up to S seconds (default 60; at least one step, "
                         "or one accumulation window, is timed, and the output says when fewer than --steps "
-                        "were); 'none' always times --steps")
+                        "were; a step compiled apart whose first call took S is timed on that call alone); "
+                        "'none' always times --steps")
     p.add_argument("--repeat", type=_positive, default=1,
                    help="run every mode R times, interleaved; report the median and spread of the runs (default 1)")
     p.add_argument("--distinct-batches", type=_positive, default=2,

@@ -352,10 +352,11 @@ class TrainStep:
         with self.graph.ema.swapped():
             yield
 
-    def __call__(self, *batch) -> dict:
-        """Run one training step on `batch` and return the metrics dict."""
+    def _prepare(self, batch, what: str = "step(*batch)") -> tuple:
+        """The batch as tensors, the networks in training mode, and before the first compile the
+        composed-operator pass (`optimize=`) and the debug report."""
         if not batch:
-            raise ValueError("step(*batch) needs at least one batch element, but got none. "
+            raise ValueError(f"{what} needs at least one batch element, but got none. "
                              "Call it with the tensors your forward function takes, e.g. step(x, y).")
         tensors = tuple(_compile.to_tensor(i, b) for i, b in enumerate(batch))
         _discover.train_mode(self.nets)
@@ -369,6 +370,35 @@ class TrainStep:
             from ._debug import report
 
             print(report(self, tensors), flush=True)
+        return tensors
+
+    def compile(self, *batch) -> int:
+        """Compile the step for `batch`'s shapes and dtypes without training on it: the composed-
+        operator pass (with `optimize=`) and every graph of the step (an accumulating step's update
+        graph too) are built now, so the first call only executes. Nothing is updated: no weight,
+        counter or optimizer state changes. Only for the default ``compiler="cell"``; returns the
+        number of graphs compiled (0 when they were compiled already).
+
+        Example:
+            >>> step.compile(images, labels)  # doctest: +SKIP
+            >>> m = step(images, labels)  # runs, no compile
+        """
+        if self.compiler != "cell":
+            raise ValueError(f"step.compile(*batch) builds a GRAPH_MODE Cell step ahead of its first call, but this "
+                             f"step runs as compiler={self.compiler!r} (valid: 'cell'). Build it with "
+                             "TrainStep(..., jit=True, compiler='cell') (the default), or let its first call compile it.")
+        tensors = self._prepare(batch, "step.compile(*batch)")
+        try:
+            compiled = self._runner.compile(*tensors)
+        except (TypeError, ValueError, IndexError) as error:
+            raise _compile.step_failure(error, self._runner.signatures, tensors) from None
+        if self._update_runner is not None and self._update_runner.compile_count == 0:
+            compiled += self._update_runner.compile()
+        return compiled
+
+    def __call__(self, *batch) -> dict:
+        """Run one training step on `batch` and return the metrics dict."""
+        tensors = self._prepare(batch)
         try:
             values, aux_values, aux_keys = self._runner(*tensors)
         except (TypeError, ValueError, IndexError) as error:

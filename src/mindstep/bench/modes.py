@@ -44,6 +44,11 @@ def make_optimizer(net):
 def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True, accumulate: int = ACCUMULATE):
     """Return `(run, settings)` where `run(*batch)` performs one training step and returns the loss.
 
+    `settings["compile"]`, where the mode's step can be compiled without running (a GRAPH_MODE Cell:
+    `TrainStep.compile`, `Cell.compile`), is that function: the worker then compiles apart, so the
+    first call only executes (see `worker.run`). `pynative` has nothing to compile and `seed`'s
+    `ms.jit` function no compile-only API in MindSpore 2.10.
+
     `accumulate`: `jit-accum`'s window (the worker gives `jit-big` batches that many times larger).
 
     `optimize`: jit-opt's `TrainStep(optimize=...)` setting (the pass's memory budget; the runner
@@ -61,7 +66,8 @@ def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True, acc
     if mode in ("pynative", "jit"):
         opt = make_optimizer(net)
         step = TrainStep.from_net(net, loss_fn, opt, jit=(mode == "jit"), **extra)
-        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "step": step, **extra}
+        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "step": step, **extra,
+                                               **({"compile": step.compile} if mode == "jit" else {})}
     if mode == "jit-opt":
         settings = OPT_SETTINGS.get(device, OPT_SETTINGS["CPU"])
         if settings["precision"] != "fp32":
@@ -70,14 +76,14 @@ def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True, acc
         opt = make_optimizer(net)
         step = TrainStep.from_net(net, loss_fn, opt, optimize=optimize, **extra)
         return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "opt": settings["note"], "step": step,
-                                               **extra}
+                                               "compile": step.compile, **extra}
     if mode == "seed":
         return _seed(net, loss_fn), {"compiler": "ms.jit(function)"}
     if mode == "onestep":
         cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), make_optimizer(net))
         cell.set_train()
         ms.set_context(mode=ms.GRAPH_MODE)
-        return cell, {"compiler": "GRAPH_MODE TrainOneStepCell"}
+        return cell, {"compiler": "GRAPH_MODE TrainOneStepCell", "compile": cell.compile}
     raise ValueError(f"unknown mode {mode!r}")  # `model` is driven by `run_model` (it owns its loop)
 
 
