@@ -153,7 +153,7 @@ def test_a_gelu_form_must_beat_native_by_the_margin(monkeypatch):
     assert decide.choose({"native": 2.2, "composed": 2.1}, {"native": 0, "composed": 2}, decide.KIND_MARGIN) == "native"
     assert decide.choose({"native": 2.4, "composed": 2.1}, {"native": 0, "composed": 2}, decide.KIND_MARGIN) == "composed"
     # a near tie as measured: native stays, and the reason says why
-    monkeypatch.setattr(decide._Timed, "time", lambda self, repeats=7, stop_above=None: (
+    monkeypatch.setattr(decide._Timed, "time", lambda self, repeats=7, stop_above=None, fresh=False: (
         2.1 if isinstance(self.probe.layer, ComposedGELU) else 2.2))
     row = decide.measure_kind(gelu, nn.GELU(), (2, 3, 8), ms.float32)
     assert row["choice"] == "native" and "no form is 1.1x faster" in row["reason"], row

@@ -328,7 +328,7 @@ def _fake_times(monkeypatch, ms_of):
 
     timed = []
 
-    def fake(self, repeats=decide.REPEATS, stop_above=None):
+    def fake(self, repeats=decide.REPEATS, stop_above=None, fresh=False):
         timed.append(self.probe.layer)
         return ms_of(self.probe.layer)
 
@@ -391,7 +391,41 @@ def test_the_native_weight_gradient_variant_of_the_fastest_form_can_beat_a_faste
     forms = {"batched": 12.0, "one-gemm": 11.0, "one-gemm+native-dw": 8.0}
     timed = _fake_times(monkeypatch, lambda layer: forms[layer.form] if isinstance(layer, GemmConv2d) else 10.0)
     row = decide.measure(make_conv(4, 6, 3, 1, "pad", 1, 1, False), (2, 4, 6, 6), ms.float32)
-    assert row["choice"] == "one-gemm+native-dw" and len(timed) == 4
+    assert row["choice"] == "one-gemm+native-dw"
+    # 1.25x native: under CONFIRM_RATIO, so timed again alternately with native, and confirmed
+    assert [getattr(layer, "form", "native") for layer in timed[4:]] == ["native", "one-gemm+native-dw"] * 5
+    assert "one-gemm+native-dw confirmed, timed alternately with native: 8.0 vs 10.0 ms" in row["reason"]
+
+
+@pytest.mark.parametrize("alternate_ms, chosen", [(9.5, "native"), (8.0, "batched")])
+def test_a_close_lead_is_timed_again_alternating_with_native_and_kept_only_if_it_still_wins(
+        monkeypatch, alternate_ms, chosen):
+    """A form timed 1.11x faster than native in its own block (a load on the machine during native's
+    block looks just like this) is timed again call by call against native; it stays only if it still
+    beats native by the margin there. A lead of CONFIRM_RATIO or more is not timed again."""
+    from mindstep.optimize import decide
+
+    timed = []
+
+    def fake(self, repeats=decide.REPEATS, stop_above=None, fresh=False):
+        form = getattr(self.probe.layer, "form", "native")
+        timed.append((form, fresh))
+        return 10.0 if form == "native" else {"batched": alternate_ms if fresh else 9.0}.get(form, 30.0)
+
+    monkeypatch.setattr(decide._Timed, "time", fake)
+    conv = make_conv(4, 6, 3, 1, "pad", 1, 1, False)
+    row = decide.measure(conv, (2, 4, 6, 6), ms.float32)
+    assert row["choice"] == chosen, row
+    assert [t for t in timed if t[1]] == [("native", True), ("batched", True)] * decide.CONFIRM_PAIRS
+    if chosen == "native":
+        assert "native kept: batched not 1.1x faster when timed alternately with native (9.5 vs 10.0 ms)" \
+            in row["reason"] and row["reason"].count("native kept") == 1
+    else:
+        assert row["times"]["batched"] == 8.0 and row["gemm_ms"] == 8.0
+    timed.clear()
+    monkeypatch.setattr(decide, "CONFIRM_RATIO", 1.1)  # 10 / 9 = 1.11: a lead this clear is not re-timed
+    assert decide.measure(conv, (2, 4, 6, 6), ms.float32)["choice"] == "batched"
+    assert not any(fresh for _, fresh in timed)
 
 
 def test_no_native_weight_gradient_form_is_timed_where_composed_is_far_slower_or_a_plain_matmul(monkeypatch):

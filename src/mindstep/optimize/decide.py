@@ -242,16 +242,35 @@ class _Timed:
         self.first_ms = took if took >= FIRST_SAMPLE_MS else None
         return values
 
-    def time(self, repeats: int = REPEATS, stop_above: float | None = None) -> float:
+    def time(self, repeats: int = REPEATS, stop_above: float | None = None, fresh: bool = False) -> float:
         """Median ms of up to `repeats` calls (the first call among them when it counts, see
-        `FIRST_SAMPLE_MS`); fewer once the fastest call is over `stop_above` ms."""
-        times = [] if self.first_ms is None else [self.first_ms]
+        `FIRST_SAMPLE_MS`, unless `fresh`); fewer once the fastest call is over `stop_above` ms."""
+        times = [] if self.first_ms is None or fresh else [self.first_ms]
         with graph_mode():
             while len(times) < repeats and not (times and stop_above is not None and min(times) > stop_above):
                 t0 = time.perf_counter()
                 _flat(self.probe(self.x, self.r))
                 times.append(1000.0 * (time.perf_counter() - t0))
         return statistics.median(times)
+
+
+# A composed form chosen with a lead over native of less than this is timed again, alternating call by
+# call with native (`CONFIRM_PAIRS` pairs), and kept only if it still beats native by the margin there.
+# Each form is otherwise timed in a block of its own, so a load that comes and goes between the blocks
+# (another process, a test run) moves the comparison: on an AMD EPYC family 25 model 1 (native convs
+# fast), ResNet-50 at 224 px, batch 32, composed 16 of 53 convs (1x1 layers timed 1.11-1.18x faster than
+# native) with other work running and 1 of 53 without; quiet, the 16-layer step was 0.98x `jit`.
+CONFIRM_RATIO = 1.5
+CONFIRM_PAIRS = 5
+
+
+def confirm(native: _Timed, form: _Timed, pairs: int = CONFIRM_PAIRS) -> tuple[float, float]:
+    """Median ms of native and of a form over `pairs` calls each, alternating, so both see the same load."""
+    native_ms, form_ms = [], []
+    for _ in range(pairs):
+        native_ms.append(native.time(1, fresh=True))
+        form_ms.append(form.time(1, fresh=True))
+    return statistics.median(native_ms), statistics.median(form_ms)
 
 
 def time_layer(layer: nn.Cell, x, r, repeats: int = REPEATS, input_grad: bool = True) -> tuple[float, list]:
@@ -351,7 +370,7 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
     lead and its `refine` variants are then the only forms timed)."""
     timed_native = _Timed(native, x, r, input_grad)
     reference = timed_native.first()  # compiled first: the composed forms are checked against its results
-    times, rejected = {}, {}
+    times, rejected, probes = {}, {}, {}
 
     def run(forms: dict):
         for form, layer in forms.items():
@@ -361,6 +380,7 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
                 rejected[form] = err
             else:
                 times[form] = timed.time(stop_above=CLEAR_RATIO * min(times.values()) if times else None)
+                probes[form] = timed
 
     first = {lead: composed[lead]} if lead in composed and len(composed) > 1 else composed
     run(first)
@@ -391,10 +411,19 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
                                      form: times[form]}, memory, native_margin)
                 else:
                     notes += f"; {form} not {REFINE_MARGIN:g}x faster than {base}"
+    if choice != "native" and times[choice] * CONFIRM_RATIO > times["native"]:
+        native_ms, form_ms = confirm(timed_native, probes[choice])
+        if form_ms * native_margin < native_ms:
+            notes += f"; {choice} confirmed, timed alternately with native: {form_ms:.1f} vs {native_ms:.1f} ms"
+            times.update({"native": native_ms, choice: form_ms})  # the figures the choice rests on
+        else:
+            notes += (f"; native kept: {choice} not {native_margin:g}x faster when timed alternately with native "
+                      f"({form_ms:.1f} vs {native_ms:.1f} ms)")
+            choice = "native"
     shown = ", ".join(f"{k} {v:.1f} ms" + (f"/{memory[k]:.0f} MB" if k in memory else "") for k, v in times.items())
     shown += "".join(f"; {f} left out: differs from native by {e:.1e} (relative)" for f, e in rejected.items())
     shown += notes
-    if choice == "native" and native_margin > 1.0 and min(times.values()) < times["native"]:
+    if choice == "native" and native_margin > 1.0 and min(times.values()) < times["native"] and "native kept" not in notes:
         shown += f"; native kept: no form is {native_margin:g}x faster"
     others = [v for k, v in times.items() if k != "native"]
     best = times[choice] if choice != "native" else (min(others) if others else float("nan"))
