@@ -258,45 +258,43 @@ class Runner:
                            self.name, shown)
             self._fn = self._jit_function()
             self.resyncs += 1
+        out, _ = self._counted(tensors, self._run, written=bool(written))
+        if self._watch:
+            self._ptrs = [p.data_ptr() for p in self._watch]
+        return out
+
+    def _run(self, tensors):
+        if self.compiler == "eager":
+            return _eager(self.cell, tensors)
+        if self.compiler == "function":
+            return self._fn(*tensors)
+        with graph_mode():
+            return self.cell(*tensors)
+
+    def compile(self, *tensors) -> int:
+        """Compile the step for these inputs without running it (`Cell.compile`; the GRAPH_MODE
+        Cell compiler only, which `TrainStep.compile` checks): the next call with inputs of the same
+        shapes and dtypes only executes. Returns how many graphs it compiled (0: compiled already)."""
+        def build(tensors):
+            with graph_mode():
+                self.cell.compile(*tensors)
+
+        return self._counted(tensors, build)[1]
+
+    def _counted(self, tensors, run, written: bool = False):
+        """`run(tensors)` with the compiles it made counted (and a recompile reported, unless the step
+        was re-synced after a host write): (its result, the number of graphs compiled)."""
         sig = signature(tensors)
         new_sig = sig not in self._signatures
         before = self._cache_size()
-        if self.compiler == "eager":
-            out = _eager(self.cell, tensors)
-        elif self.compiler == "function":
-            out = self._fn(*tensors)
-        else:
-            with graph_mode():
-                out = self.cell(*tensors)
+        out = run(tensors)
         after = self._cache_size()
         compiled = (after - before) if before is not None else int(new_sig and self.jit)
         if new_sig:
             self._signatures.append(sig)
         self._report(sig, new_sig, compiled and not written)
         self.compile_count += compiled
-        if self._watch:
-            self._ptrs = [p.data_ptr() for p in self._watch]
-        return out
-
-    def compile(self, *tensors) -> int:
-        """Compile the step for these inputs without running it (`Cell.compile`, GRAPH_MODE Cell
-        only): the next call with inputs of the same shapes and dtypes only executes. Returns how
-        many graphs it compiled (0: this signature was compiled already)."""
-        if self.compiler != "cell":
-            raise ValueError(f"{self.name}: compile() compiles a GRAPH_MODE Cell step ahead of its first call, but "
-                             f"this step runs as {self.compiler!r} (valid: 'cell'). Build it with "
-                             "TrainStep(..., compiler='cell') (the default), or let its first call compile it.")
-        sig = signature(tensors)
-        new_sig = sig not in self._signatures
-        before = self._cache_size()
-        with graph_mode():
-            self.cell.compile(*tensors)
-        compiled = self._cache_size() - before
-        if new_sig:
-            self._signatures.append(sig)
-        self._report(sig, new_sig, compiled)
-        self.compile_count += compiled
-        return compiled
+        return out, compiled
 
     def _report(self, sig: tuple, new_sig: bool, compiled: int) -> None:
         if not compiled or self.compile_count == 0:

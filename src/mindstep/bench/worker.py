@@ -83,8 +83,7 @@ def run(spec: dict) -> dict:
     k = 1  # calls per update
     asked = warmup + steps  # the calls a run makes when nothing cuts it
     if spec["mode"] == "model":
-        times, losses, compile_s, settings = _run_model(net, loss_fn, feed(), warmup, spec.get("max_seconds"))
-        warmup = settings.pop("warmup")
+        times, losses, compile_s, settings, warmup = _run_model(net, loss_fn, feed(), warmup, spec.get("max_seconds"))
     else:
         run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
                                          optimize=spec.get("optimize", True), accumulate=spec.get("accumulate", modes.ACCUMULATE))
@@ -93,12 +92,8 @@ def run(spec: dict) -> dict:
         k = getattr(settings.get("step"), "accumulate", 1)
         warmup, steps = -(-max(warmup, k) // k) * k, -(-steps // k) * k
         asked = warmup + steps
-        compile_fn, compiled_s = settings.pop("compile", None), 0.0
-        if compile_fn is not None:  # compiled apart: the first call only executes
-            t0 = time.perf_counter()
-            compile_fn(*batches[0])
-            compiled_s = time.perf_counter() - t0
-            settings["compiled_apart_s"] = round(compiled_s, 2)
+        compile_fn = settings.pop("compile", None)
+        compiled_s = 0.0 if compile_fn is None else _compile_apart(compile_fn, batches[0], settings)
         times, losses = [], []
         profiler = None
         for i, batch in enumerate(feed()):
@@ -108,8 +103,7 @@ def run(spec: dict) -> dict:
             loss = float(run_step(*batch).asnumpy())  # asnumpy synchronises before the clock is read
             times.append(time.perf_counter() - t0)
             losses.append(loss)
-            if i == 0 and compile_fn is not None and first_call_counts(times, k, spec.get("max_seconds"),
-                                                                       spec.get("profile_dir")):
+            if compile_fn is not None and first_call_counts(times, k, spec.get("max_seconds"), spec.get("profile_dir")):
                 warmup = 0
                 break
             if enough(times[warmup:], k, spec.get("max_seconds")):
@@ -164,6 +158,16 @@ def enough(timed: list, k: int, max_seconds: float | None) -> bool:
     `k` calls, there is at least one window, and they add up to `max_seconds` (None: never stop early)."""
     return (max_seconds is not None and len(timed) >= k and len(timed) % k == 0
             and sum(timed) >= max_seconds)
+
+
+def _compile_apart(compile_fn, batch, settings: dict) -> float:
+    """Compile a step for `batch` without running it (the first call then only executes); its
+    seconds, also put in `settings` as `compiled_apart_s`."""
+    t0 = time.perf_counter()
+    compile_fn(*batch)
+    seconds = time.perf_counter() - t0
+    settings["compiled_apart_s"] = round(seconds, 2)
+    return seconds
 
 
 def first_call_counts(times: list, k: int, max_seconds: float | None, profile_dir=None) -> bool:
@@ -226,8 +230,8 @@ def _run_model(net, loss_fn, feed, warmup: int = 1, max_seconds: float | None = 
     Its train network (`Model.train_network`, set to training as `Model.train` sets it) is compiled
     apart first (`Cell.compile` on the first batch; `Model.train` then finds the graph compiled), so
     the first step only executes and may be the timed one (`first_call_counts`). Returns the times,
-    the losses, the first call's time with the compile, and the settings, whose `warmup` says how
-    many leading calls were left out of the timing."""
+    the losses, the first call's time with the compile, the settings, and how many leading calls
+    were left out of the timing."""
     import mindspore.dataset as ds
     from mindspore.train import Callback, Model
 
@@ -268,15 +272,10 @@ def _run_model(net, loss_fn, feed, warmup: int = 1, max_seconds: float | None = 
     settings = {"compiler": "GRAPH_MODE Model.train", "dataset_sink_mode": sink}
     apart, compiled_s = not sink, 0.0  # sink mode runs the dataset inside the graph: no batch to compile for
     if apart:
-        train_net = model.train_network
-        train_net.set_train(True)
-        t0 = time.perf_counter()
-        train_net.compile(*feed[0])
-        compiled_s = time.perf_counter() - t0
-        settings["compiled_apart_s"] = round(compiled_s, 2)
+        model.train_network.set_train(True)
+        compiled_s = _compile_apart(model.train_network.compile, feed[0], settings)
     model.train(1, data, callbacks=[timer], dataset_sink_mode=sink)
-    settings["warmup"] = timer.warmup
-    return timer.times, timer.losses, compiled_s + timer.times[0], settings
+    return timer.times, timer.losses, compiled_s + timer.times[0], settings, timer.warmup
 
 
 def main() -> int:

@@ -413,6 +413,7 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
                                      form: times[form]}, memory, native_margin)
                 else:
                     notes += f"; {form} not {REFINE_MARGIN:g}x faster than {base}"
+    kept_native = False  # by the alternate timing below, which says so in the reason itself
     if choice != "native" and times[choice] * CONFIRM_RATIO > times["native"]:
         native_ms, form_ms = confirm(timed_native, probes[choice])
         if form_ms * native_margin < native_ms:
@@ -421,11 +422,11 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
         else:
             notes += (f"; native kept: {choice} not {native_margin:g}x faster when timed alternately with native "
                       f"({form_ms:.1f} vs {native_ms:.1f} ms)")
-            choice = "native"
+            choice, kept_native = "native", True
     shown = ", ".join(f"{k} {v:.1f} ms" + (f"/{memory[k]:.0f} MB" if k in memory else "") for k, v in times.items())
     shown += "".join(f"; {f} left out: differs from native by {e:.1e} (relative)" for f, e in rejected.items())
     shown += notes
-    if choice == "native" and native_margin > 1.0 and min(times.values()) < times["native"] and "native kept" not in notes:
+    if choice == "native" and native_margin > 1.0 and min(times.values()) < times["native"] and not kept_native:
         shown += f"; native kept: no form is {native_margin:g}x faster"
     others = [v for k, v in times.items() if k != "native"]
     best = times[choice] if choice != "native" else (min(others) if others else float("nan"))
