@@ -402,3 +402,71 @@ def test_max_seconds_is_validated_and_short_runs_are_reported():
     assert row["timed_calls"] == 1 and row["settings"]["timed_calls_why"] == why
     rep = {"results": [{**row, "mode": "jit", "status": "ok"}, {**run, "mode": "seed", "status": "ok", "settings": {}}]}
     assert report.short_runs(rep) == [f"jit: {why} (the run that timed fewest)"]
+
+
+def test_the_ceiling_times_every_conv_and_dense_gemm_of_a_step_at_the_whole_batch(monkeypatch):
+    from mindstep.bench import ceiling
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(3, 8, 3, stride=2, pad_mode="pad", padding=1)
+            self.b = nn.Conv2d(8, 8, 3, group=2, pad_mode="same")
+            self.fc = nn.Dense(8 * 4 * 4, 5)
+
+        def construct(self, x):
+            return self.fc(self.b(self.a(x)).reshape(x.shape[0], -1))
+
+    net, x = Net(), ms.Tensor(np.ones((1, 3, 8, 8), np.float32))
+    shapes = ceiling.gemm_shapes(net, (x,), batch=6)
+    rows = 6 * 4 * 4  # output positions of the whole batch
+    assert shapes[(8, 27, rows)] == 1 and shapes[(8, rows, 27)] == 1 and shapes[(27, 8, rows)] == 1
+    assert shapes[(4, 36, rows)] == 2 and shapes[(36, 4, rows)] == 2  # two groups of 4 outputs, 4*3*3 inputs
+    assert shapes[(6, 128, 5)] == 1 and shapes[(5, 6, 128)] == 1 and shapes[(6, 5, 128)] == 1
+    counted = 3.0 * 6 * forward_flops(net, (x,))
+    assert sum(2.0 * m * k * n * c for (m, k, n), c in shapes.items()) == pytest.approx(counted)
+    calls = []
+    monkeypatch.setattr(ceiling, "time_gemm", lambda m, k, n: calls.append((m, k, n)) or 1e-3)
+    got = ceiling.measure(net, (x,), 6, counted)
+    assert sorted(calls) == sorted(shapes) and got["shapes"] == len(shapes) == 9
+    assert got["seconds"] == pytest.approx(1e-3 * sum(shapes.values())) and got["covered"] == pytest.approx(1.0)
+    assert got["gflops"] == pytest.approx(counted / got["seconds"] / 1e9)
+    monkeypatch.undo()
+    assert ceiling.time_gemm(4, 8, 16, repeats=2) > 0
+
+
+def test_the_ceiling_row_is_measured_once_after_the_peak_and_printed_with_each_rows_share(monkeypatch, capsys):
+    calls = []
+
+    def fake_worker(spec, timeout_s, extra_env=None):
+        calls.append(spec["mode"])
+        if spec["mode"] == "peak":
+            return {"peak_gflops": 100.0}
+        if spec["mode"] == "ceiling":
+            assert spec["batch_size"] == 8 and spec["model"] == "mlp"
+            return {"flops": 4e9, "seconds": 0.1, "gflops": 40.0, "shapes": 6, "covered": 1.0, "method": "m"}
+        return {"mode": spec["mode"], "model": "mlp", "batch_size": 8, "throughput": 800.0, "step_ms_p50": 10.0,
+                "step_ms_p90": 11.0, "compile_s": 1.0, "peak_mem_mb": 400.0, "mem_source": "process peak RSS",
+                "flops_per_step": 2e8, "loss_first": 1.0, "loss_last": 0.5, "settings": {}}
+
+    monkeypatch.setattr(runner, "run_worker", fake_worker)
+    rep = runner.run(runner.BenchConfig(model="mlp", modes=("jit",), batch_size=8, ceiling=True))
+    assert calls == ["peak", "ceiling", "jit", "peak"]
+    assert rep["shape_ceiling"]["mfu"] == pytest.approx(0.4) and rep["results"][0]["mfu"] == pytest.approx(0.2)
+    (line,) = report.ceiling_lines(rep)
+    assert "6 shapes, 100% of the counted FLOPs" in line and "40.0 GFLOP/s = 40.0% of the peak" in line
+    assert line.endswith("jit 50%")
+    report.print_table(rep)
+    assert "GEMM ceiling at mlp's own shapes" in capsys.readouterr().out
+    calls.clear()
+    rep = runner.run(runner.BenchConfig(model="mlp", modes=("jit",), batch_size=8))
+    assert "ceiling" not in calls and rep["shape_ceiling"] is None and report.ceiling_lines(rep) == []
+
+
+def test_the_ceiling_worker_covers_the_mlp_and_refuses_the_other_bench_kinds(capsys):
+    from mindstep.bench import worker
+
+    got = worker.run({"mode": "ceiling", "model": "mlp", "seed": 0, "batch_size": 4, "image_size": 32, "seq_len": 8})
+    assert got["shapes"] == 6 and got["covered"] == pytest.approx(1.0) and got["gflops"] > 0
+    assert main(["bench", "--ceiling", "--nproc", "2"]) == 2
+    assert "--ceiling got together with --stages/--recipe/--nproc" in capsys.readouterr().err

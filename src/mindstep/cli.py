@@ -36,6 +36,7 @@ EXAMPLES = {
   mindstep bench                                          # ResNet-18, the default modes
   mindstep bench --model bert --modes jit,model,onestep --steps 8 --repeat 3
   mindstep bench --model resnet50 --all-features --modes jit,jit-all --json out.json
+  mindstep bench --modes jit,jit-opt --ceiling           # with the MFU the model's own GEMM shapes allow
   mindstep bench --model mlp --nproc 2 --steps 20       # data parallel: per-rank and total throughput
   mindstep bench --recipe resnet --stages               # the tutorial's stage table for a recipe""",
     "doctor": """examples:
@@ -194,6 +195,11 @@ def _cmd_bench_stages(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    if args.ceiling and (args.recipe is not None or args.stages or args.nproc > 1):
+        print("mindstep bench: --ceiling got together with --stages/--recipe/--nproc; it times one model's "
+              "shapes for the single-process table: drop one of them, e.g. mindstep bench --model resnet18 "
+              "--ceiling", file=sys.stderr)
+        return 2
     if args.recipe is not None or args.stages:
         return _cmd_bench_stages(args)
     if args.nproc > 1:
@@ -210,7 +216,8 @@ def _cmd_bench(args) -> int:
                              distinct_batches=args.distinct_batches,
                              features=args.all_features, opt_memory_budget=args.opt_memory_budget,
                              accumulate=args.accumulate,
-                             profile_dir=os.path.join(args.out or "bench-out", "profile") if args.profile else None)
+                             profile_dir=os.path.join(args.out or "bench-out", "profile") if args.profile else None,
+                             ceiling=args.ceiling)
     try:
         cfg.validate()
     except (TypeError, ValueError) as err:
@@ -398,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON")
     p.add_argument("--out", metavar="DIR", help="write report.md and bench.png here")
     p.add_argument("--profile", action="store_true", help="profile the timed steps, print the top-10 ops")
+    p.add_argument("--ceiling", action="store_true",
+                   help="also time the model's Conv2d/Dense GEMMs at its own shapes as bare MatMuls: the MFU "
+                        "an im2col + GEMM step could reach on this device, beside the 2048^2 peak")
     p.add_argument("--nproc", type=_positive, default=1,
                    help="data parallel: time the jit step on N workers (mindstep launch), per rank and in total, "
                         "against one process (--modes is not used then)")

@@ -63,7 +63,7 @@ def print_table(report: dict, console: Console | None = None) -> None:
     for r in report["results"]:
         if r.get("status") == "failed":
             console.print(f"[red]{r['mode']} failed:[/red] {r['error']}")
-    for line in short_runs(report):
+    for line in short_runs(report) + ceiling_lines(report):
         console.print(line)
 
 
@@ -73,11 +73,28 @@ def short_runs(report: dict) -> list[str]:
             for r in report["results"] if r.get("status") == "ok" and "timed_calls_why" in (r.get("settings") or {})]
 
 
+def ceiling_lines(report: dict) -> list[str]:
+    """With `--ceiling`: the GEMM ceiling at the model's own shapes, and how near each row runs to it."""
+    c = report.get("shape_ceiling")
+    if not c:
+        return []
+    if "error" in c:
+        return [f"GEMM ceiling at the model's shapes: failed: {c['error']}"]
+    if not c["shapes"]:
+        return ["GEMM ceiling at the model's shapes: the model has no Conv2d or Dense layer"]
+    near = ", ".join(f"{r['mode']} {r['mfu'] / c['mfu']:.0%}" for r in report["results"]
+                     if r.get("status") == "ok" and c["mfu"] == c["mfu"] and c["mfu"] > 0)
+    return [f"GEMM ceiling at {report['config']['model']}'s own shapes: its Conv2d/Dense layers' forward and backward "
+            f"GEMMs ({c['shapes']} shapes, {c['covered']:.0%} of the counted FLOPs) as bare MatMuls ran at "
+            f"{c['gflops']:.1f} GFLOP/s = {_fmt(100 * c['mfu'], '.1f')}% of the peak"
+            + (f"; each row's MFU as a share of it: {near}" if near else "")]
+
+
 def markdown(report: dict) -> str:
     lines = ["# mindstep bench", "", title(report), "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
-    short = short_runs(report)
+    short = short_runs(report) + ceiling_lines(report)
     if short:
         lines += [""] + [f"- {line}" for line in short]
     lines += ["", "Settings per mode:", ""]

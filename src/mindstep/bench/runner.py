@@ -36,6 +36,7 @@ class BenchConfig:
     accumulate: int = ACCUMULATE  # jit-accum's window; jit-big's batch is batch_size x accumulate
     opt_memory_budget: str | float = "jit"  # 'jit' (calibrated against the jit row's peak), 'none', or MB
     profile_dir: str | None = None
+    ceiling: bool = False  # also time the model's own GEMM shapes (`ceiling.measure`)
     timeout_s: int = 900
     extra_env: dict = field(default_factory=dict)
 
@@ -125,6 +126,11 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
         peaks.append(run_worker({"mode": "peak"}, cfg.timeout_s, cfg.extra_env).get("peak_gflops", float("nan")))
 
     measure_peak()
+    ceiling = None
+    if cfg.ceiling:
+        if on_progress:
+            on_progress("GEMM ceiling at the model's shapes", 0, total)
+        ceiling = run_worker({**spec_for(cfg, "ceiling"), "mode": "ceiling"}, cfg.timeout_s, cfg.extra_env)
     prepared = None
     if "jit-opt" in cfg.modes:
         if on_progress:
@@ -161,7 +167,16 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
                            f"{len(peaks)} processes (before the modes and after each round of them); the best "
                            f"over all",
             "config": {k: v for k, v in asdict(cfg).items() if k not in ("extra_env",)},
-            "optimize_prepare": prepared, "optimize_calibration": calibration, "results": results}
+            "optimize_prepare": prepared, "optimize_calibration": calibration,
+            "shape_ceiling": _ceiling_row(ceiling, peak_gflops), "results": results}
+
+
+def _ceiling_row(ceiling: dict | None, peak_gflops: float) -> dict | None:
+    """The `--ceiling` worker's result with its rate as a fraction of the run's peak (`mfu`)."""
+    if ceiling is None or "error" in ceiling:
+        return ceiling
+    ok = peak_gflops == peak_gflops and peak_gflops > 0
+    return {**ceiling, "mfu": ceiling["gflops"] / peak_gflops if ok else float("nan")}
 
 
 RUN_KEYS = ("step_ms_p50", "step_ms_p90", "compile_s", "peak_mem_mb")
