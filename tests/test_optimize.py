@@ -648,7 +648,10 @@ def test_optimize_rejects_non_cells():
     ({"native": 10, "batched": 12, "one-gemm": 9}, {"native": 0, "batched": 10, "one-gemm": 30}, "one-gemm"),
     ({"native": 3, "batched": 5, "one-gemm": 4}, {"native": 0, "batched": 10, "one-gemm": 30}, "native"),
     ({"native": 10, "batched": 9}, {"native": 0, "batched": 0}, "batched"),
-], ids=["leaner-close-enough", "fatter-much-faster", "only-fatter-beats-native", "native-fastest", "pointwise"])
+    ({"native": 10, "composed": 5, "native-fwd": 4.5}, {"native": 0, "composed": 2, "native-fwd": 2}, "native-fwd"),
+    ({"native": 10, "composed": 4.5, "native-fwd": 5}, {"native": 0, "composed": 2, "native-fwd": 2}, "composed"),
+], ids=["leaner-close-enough", "fatter-much-faster", "only-fatter-beats-native", "native-fastest", "pointwise",
+        "equal-memory-faster-wins", "equal-memory-first-faster"])
 def test_choice_prefers_the_leaner_form_unless_another_is_clearly_faster(times, memory, expected):
     from mindstep.optimize.decide import choose
 

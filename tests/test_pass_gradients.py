@@ -148,8 +148,11 @@ def test_whole_network_gradients_equal_native_for_forced_decision_tables(name, t
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("name, rewritten", [("mlp", []), ("bert", ["layers.0.ff.1", "layers.1.ff.1"])])
-def test_the_pass_rewrites_only_convolutions_and_gelus(name, rewritten, tmp_path):
+BERT_LAYERS = [f"layers.{i}.{name}" for i in (0, 1) for name in ("ln1", "ff.1", "ln2")]
+
+
+@pytest.mark.parametrize("name, rewritten", [("mlp", []), ("bert", BERT_LAYERS)])
+def test_the_pass_rewrites_only_convolutions_gelus_and_layernorms(name, rewritten, tmp_path):
     spec = MODELS[name]
     ms.set_seed(0)
     net = spec.build(8, 8)

@@ -134,14 +134,16 @@ def shared(entry: dict, source: str, cache_key: str) -> dict:
 
 def choose(times: dict, memory: dict, native_margin: float = 1.0) -> str:
     """The fastest form, except that a form needing more memory must beat a leaner, faster-than-
-    native form by MEMORY_MARGIN, and any composed form must beat native by `native_margin`."""
+    native form by MEMORY_MARGIN (between forms of equal memory the faster wins), and any composed
+    form must beat native by `native_margin`."""
     candidates = sorted((f for f in times if f != "native" and times[f] * native_margin < times["native"]),
                         key=lambda f: memory[f])
     if not candidates:
         return "native"
     best = candidates[0]
     for form in candidates[1:]:
-        if times[form] * MEMORY_MARGIN <= times[best]:
+        leaner_or_equal = memory[form] <= memory[best]
+        if times[form] < times[best] if leaner_or_equal else times[form] * MEMORY_MARGIN <= times[best]:
             best = form
     return best
 
@@ -485,11 +487,10 @@ REFINE_MARGIN = 1.1
 
 
 # A form of one of the pass's other kinds (`pass_.KINDS`) must be this much faster than native to be
-# chosen: a near tie buys nothing and may cost memory. Measured with a composed LayerNorm (native
-# forward, backward as matrix-vector products; dropped since): on the bench BERT it timed level with
-# native (2.2 ms each) yet composing its four LayerNorms raised the step's peak RSS by 55 MB at batch
-# 16 (+7 at batch 2, -1 at batch 64); on a 768-wide BERT it won 1.14x alone, 1.04x in the whole step,
-# for +20 % of peak.
+# chosen: a near tie buys nothing and may cost memory. Measured with the LayerNorm's native-forward
+# form on an AMD EPYC with AVX-512: on the bench BERT it timed level with native (2.2 ms each) yet
+# composing its four LayerNorms raised the step's peak RSS by 55 MB at batch 16 (+7 at batch 2, -1 at
+# batch 64); on a 768-wide BERT it won 1.14x alone, 1.04x in the whole step, for +20 % of peak.
 KIND_MARGIN = 1.1
 
 

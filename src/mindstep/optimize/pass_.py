@@ -12,13 +12,13 @@ from .._compile import gc_frozen
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
-from . import gelu
+from . import gelu, layernorm
 from .conv import ALL_FORMS, NATIVE_DW, GemmConv2d, conv_pads, layer_forms, supported
 
 # The layer kinds besides `nn.Conv2d` (which has its own forms, sharing and compile-memory rules): each
 # a module with `matches(cell)`, `supported(cell, shape, dtype)`, `config`, `FORMS`, `FORMULATION`,
 # `build(cell, form)` and `extra_mb(shape)`; their output has their input's shape.
-KINDS = (gelu,)
+KINDS = (gelu, layernorm)
 
 
 def kind_of(cell):
@@ -221,8 +221,8 @@ def check_force(force) -> dict | None:
         if form not in choices:
             raise bad_value(f"force[{pattern!r}]", form, f"one of {choices}",
                             "Name a composed form, or 'native' to keep the layer as it is (a conv form "
-                            "asked of a GELU layer gives 'composed', and 'composed' asked of a conv its "
-                            "first form).")
+                            "asked of a GELU or LayerNorm layer gives 'composed', and 'composed' asked of a "
+                            "conv its first form).")
     return dict(force)
 
 
@@ -231,7 +231,7 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
     layer's own composed forms. A form the layer does not have gives the nearest one it has: without
     '+phases' (a layer not strided, or dilated), without the native weight gradient (a layer that
     becomes a plain matmul), the base form, else its first form (a grouped or depthwise conv:
-    "batched"; a GELU: "composed")."""
+    "batched"; a GELU or LayerNorm: "composed")."""
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             if form != "native" and form not in forms:
@@ -244,7 +244,8 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
             measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None,
             share: bool = True) -> list[dict]:
-    """Decide and rewrite every Conv2d and GELU whose input shape is known; return the decision table.
+    """Decide and rewrite every Conv2d, GELU and LayerNorm whose input shape is known; return the
+    decision table.
 
     `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap). `force`
     (see `check_force`) fixes the form of the layers whose names match, without measuring: the
@@ -371,8 +372,10 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     unaffected; `trainable_params()` is unchanged in identity, order and names) and the same
     numerics within float tolerance. Today: `nn.Conv2d` (any group, depthwise included) -> im2col +
     GEMM with a GEMM backward, or (per direction) with MindSpore's own
-    weight-gradient kernel (see `mindstep.optimize.conv`), and `nn.GELU` (float32 or float16)
-    -> elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`); each
+    weight-gradient kernel (see `mindstep.optimize.conv`), `nn.GELU` (float32 or float16)
+    -> elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`), and
+    `nn.LayerNorm` over the last axis (float32 or float16) -> elementwise kernels and matrix-vector
+    products, both directions or the backward only (`mindstep.optimize.layernorm`); each
     chosen per layer configuration and input shape by timing the forms forward + backward on this
     device (cached on disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
@@ -391,7 +394,8 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, each also with
             '+native-dw' (MindSpore's own weight-gradient kernel), 'batched+native-fwd-dx' and
             'one-gemm+native-fwd-dx' (MindSpore's own forward and input gradient, only the weight
-            gradient by that GEMM; never chosen by measuring, see `decide`), 'composed' for GELU; a form a
+            gradient by that GEMM; never chosen by measuring, see `decide`), 'composed' for GELU, 'composed'
+            and 'native-fwd' (MindSpore's forward, the backward composed) for LayerNorm; a form a
             layer lacks gives the nearest it has, see `forced_form`): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
@@ -399,7 +403,7 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             False measures every distinct shape.
 
     Returns:
-        The decision table: one dict per Conv2d or GELU with `layer`, `config`, `input`, `choice`,
+        The decision table: one dict per Conv2d, GELU or LayerNorm with `layer`, `config`, `input`, `choice`,
         `reason` and, when measured, `native_ms`, `gemm_ms` (the composed form's time: the chosen
         one's, else the fastest), `extra_mb`.
 
