@@ -69,6 +69,17 @@ def _check_optimizer(optimizer: Any) -> None:
             "Build it from your network, e.g. `nn.Adam(net.trainable_params(), 1e-3)`.")
 
 
+class _LossHolder(nn.Cell):
+    """`TrainStep.from_net`'s parameter-free loss Cell, held as the sub-Cell `loss`."""
+
+    def __init__(self, loss: nn.Cell):
+        super().__init__()
+        self.loss = loss
+
+    def construct(self, *args):
+        return self.loss(*args)
+
+
 class TrainStep:
     """Compile `forward` + gradients + `optimizer` into one graph-mode training step.
 
@@ -224,6 +235,10 @@ class TrainStep:
                                      owners=[losses] if isinstance(losses, nn.Cell) else [])
         self.cells = networks.cells
         self.nets = networks.trained
+        # what `optimize=` rewrites: the trained networks and the Cells without any parameter that
+        # forward uses (its loss: `nn.CrossEntropyLoss` inside it is a layer of the pass), not a
+        # frozen network's (those have parameters, just no trainable ones)
+        self._pass_nets = self.nets + [c for c in networks.loss_cells if next(c.get_parameters(), None) is None]
         _discover.train_mode(self.nets)
         self.precision = plan
         self.cast_cells = _precision.apply(plan, self.nets, networks.loss_cells)
@@ -279,6 +294,11 @@ class TrainStep:
         if not callable(loss_fn):
             raise bad_type("loss_fn", loss_fn, "a callable `loss_fn(logits, *targets)` such as nn.CrossEntropyLoss()",
                            "Pass an instance (`nn.MSELoss()`), not the class or its result.")
+
+        if isinstance(loss_fn, nn.Cell) and next(loss_fn.get_parameters(), None) is None:
+            # held by a Cell of ours, so that `optimize=` can put a composed form of the loss (see
+            # `mindstep.optimize.cross_entropy`) in its place; the caller's loss Cell is not changed
+            loss_fn = _LossHolder(loss_fn)
 
         def forward(x, *targets):
             return loss_fn(net(x), *targets)
@@ -363,7 +383,7 @@ class TrainStep:
         if self.optimize is not None and self.optimize_report is None:
             t0 = time.perf_counter()
             self.optimize_report, self.optimize_budget_mb = run_with_settings(
-                self.nets, self.forward, self.optimize, inputs=tensors)
+                self._pass_nets, self.forward, self.optimize, inputs=tensors)
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True

@@ -156,16 +156,18 @@ class _Probe(nn.Cell):
     with only the gradients as outputs, MindSpore drops the forward (its output feeds nothing), and
     the timing would leave out the forward convolution, which is where native CPU kernels are slowest.
     The loss weighs the output with a fixed random tensor `r`, so the gradients checked against
-    native (`measure`) come from a non-uniform output gradient, as in a network."""
+    native (`measure`) come from a non-uniform output gradient, as in a network. `extra`: the
+    layer's arguments after `x`, as constants (a loss's labels); no gradient is taken for them."""
 
-    def __init__(self, layer, input_grad: bool = True):
+    def __init__(self, layer, input_grad: bool = True, extra: tuple = ()):
         super().__init__(auto_prefix=False)  # auto_prefix would rename the layer's Parameters
         self.layer = layer
+        self.extra = tuple(extra)
         self.grad = ms.value_and_grad(self._loss, grad_position=0 if input_grad else None,
                                       weights=layer.trainable_params())
 
     def _loss(self, x, r):
-        return (self.layer(x) * r).sum()
+        return (self.layer(x, *self.extra) * r).sum()
 
     def construct(self, x, r):
         return self.grad(x, r)
@@ -231,8 +233,8 @@ class _Timed:
     """One layer's compiled probe: `first()` compiles and returns the loss and gradients on the host,
     `time()` the median ms of the timed calls."""
 
-    def __init__(self, layer: nn.Cell, x, r, input_grad: bool = True):
-        self.probe, self.x, self.r = _Probe(layer, input_grad), x, r
+    def __init__(self, layer: nn.Cell, x, r, input_grad: bool = True, extra: tuple = ()):
+        self.probe, self.x, self.r = _Probe(layer, input_grad, extra), x, r
         self.first_ms = None  # the first call's time, when it counts as a timed one (FIRST_SAMPLE_MS)
 
     def first(self) -> list:
@@ -355,7 +357,7 @@ def lead_form(forms: tuple, positions: int) -> str | None:
 
 
 def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dict,
-            native_margin: float = 1.0, refine=None, lead: str | None = None) -> dict:
+            native_margin: float = 1.0, refine=None, lead: str | None = None, extra: tuple = ()) -> dict:
     """Time `native` and every composed layer of `composed` ({form: Cell}) on input `x` with output
     weights `r`, as the step runs them (forward, weight gradients and, if `input_grad`, the input
     gradient), and choose (`choose`, with `memory`: {form: extra MB}, native included, and
@@ -371,14 +373,16 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
     `lead`, if given (a form of `composed`), is timed first and native after it; if it takes over
     `CLEAR_RATIO` times native, the other forms are not compiled or timed (`LEAD_SCREEN`), and the
     reason names them; nor are they if it takes under 1/`CLEAR_RATIO` of native (`LEAD_DECIDES`: the
-    lead and its `refine` variants are then the only forms timed)."""
-    timed_native = _Timed(native, x, r, input_grad)
+    lead and its `refine` variants are then the only forms timed).
+
+    `extra`: the layers' arguments after `x`, the same constants for every form (see `_Probe`)."""
+    timed_native = _Timed(native, x, r, input_grad, extra)
     reference = timed_native.first()  # compiled first: the composed forms are checked against its results
     times, rejected, probes = {}, {}, {}
 
     def run(forms: dict):
         for form, layer in forms.items():
-            timed = _Timed(layer, x, r, input_grad)
+            timed = _Timed(layer, x, r, input_grad, extra)
             err = mismatch(reference, timed.first())
             if err > check_rtol(x.dtype):
                 rejected[form] = err
@@ -501,8 +505,12 @@ def kind_key(device: str, kind, layer, shape: tuple, dtype) -> str:
 
 
 def measure_kind(kind, layer, shape: tuple, dtype) -> dict:
-    """`compare` a layer with its kind's composed forms at this input shape (output shape = input)."""
-    x, r = _inputs(shape, shape, dtype)
+    """`compare` a layer with its kind's composed forms at this input shape: the output has the
+    input's shape unless the kind says otherwise (`kind.out_shape(shape)`), and a kind whose layers
+    take more than their input gives those arguments (`kind.probe_args(layer, shape)`: a loss's labels)."""
+    out = kind.out_shape(shape) if hasattr(kind, "out_shape") else shape
+    x, r = _inputs(shape, out, dtype)
+    extra = kind.probe_args(layer, shape) if hasattr(kind, "probe_args") else ()
     composed = {form: kind.build(layer, form) for form in kind.FORMS}
     memory = {"native": 0.0, **{f: kind.extra_mb(shape) for f in kind.FORMS}}
-    return compare(layer, composed, x, r, True, memory, native_margin=KIND_MARGIN)
+    return compare(layer, composed, x, r, True, memory, native_margin=KIND_MARGIN, extra=extra)

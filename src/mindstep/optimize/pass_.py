@@ -12,13 +12,15 @@ from .._compile import gc_frozen
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
-from . import gelu, layernorm
+from . import cross_entropy, gelu, layernorm
 from .conv import ALL_FORMS, NATIVE_DW, GemmConv2d, conv_pads, layer_forms, supported
 
 # The layer kinds besides `nn.Conv2d` (which has its own forms, sharing and compile-memory rules): each
 # a module with `matches(cell)`, `supported(cell, shape, dtype)`, `config`, `FORMS`, `FORMULATION`,
-# `build(cell, form)` and `extra_mb(shape)`; their output has their input's shape.
-KINDS = (gelu, layernorm)
+# `build(cell, form)` and `extra_mb(shape)` (shapes are the first argument's); their output has their
+# input's shape unless the kind has `out_shape(shape)`, and a kind whose layers take more arguments
+# gives them for its measurement with `probe_args(cell, shape)` (a loss: its labels).
+KINDS = (gelu, layernorm, cross_entropy)
 
 
 def kind_of(cell):
@@ -257,13 +259,20 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
     device = device or ms.get_context("device_target")
     path = decide.cache_path(cache_dir)
     cache = decide.load_cache(path)
-    table, dirty, todo, configs = [], False, [], set()
+    table, dirty, todo, configs, seen = [], False, [], set(), set()
     for net in nets:
         for name, cell in list(net.cells_and_names()):
-            if id(cell) not in shapes:
+            if id(cell) not in shapes or id(cell) in seen:  # a layer reached from two of the nets: once
                 continue
+            seen.add(id(cell))
             shape, dtype, input_grad = shapes[id(cell)]
             kind = kind_of(cell)
+            if not name:  # the net itself is the layer: nothing holds it that could hold a replacement
+                table.append({"layer": type(cell).__name__, "config": kind.config(cell) if kind else "conv2d",
+                              "input": list(shape), "choice": "native",
+                              "reason": "the network given is this layer itself, with no parent Cell to put "
+                                        "a replacement in: wrap it in a Cell (or nn.SequentialCell) to rewrite it"})
+                continue
             if kind is not None:
                 row = _kind_row(kind, name, cell, shape, dtype, device, cache, force, measure)
                 measured_now = row.pop("measured", False)
