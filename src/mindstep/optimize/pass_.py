@@ -246,7 +246,7 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
 def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | None = None,
             measure: bool = True, memory_budget_mb: float | None = None, force: dict | None = None,
             share: bool = True) -> list[dict]:
-    """Decide and rewrite every Conv2d, GELU and LayerNorm whose input shape is known; return the
+    """Decide and rewrite every Conv2d and `KINDS` layer whose input shape is known; return the
     decision table.
 
     `memory_budget_mb` caps the summed extra memory of the composed forms (None: no cap). `force`
@@ -384,7 +384,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     weight-gradient kernel (see `mindstep.optimize.conv`), `nn.GELU` (float32 or float16)
     -> elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`), and
     `nn.LayerNorm` over the last axis (float32 or float16) -> elementwise kernels and matrix-vector
-    products, both directions or the backward only (`mindstep.optimize.layernorm`); each
+    products, both directions or the backward only (`mindstep.optimize.layernorm`), and
+    `nn.CrossEntropyLoss` on 2-D logits -> `LogSoftmax` and a gather, with a softmax-and-scatter
+    backward (`mindstep.optimize.cross_entropy`; inside a Cell: a layer that is `net` itself stays); each
     chosen per layer configuration and input shape by timing the forms forward + backward on this
     device (cached on disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
@@ -404,7 +406,8 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             '+native-dw' (MindSpore's own weight-gradient kernel), 'batched+native-fwd-dx' and
             'one-gemm+native-fwd-dx' (MindSpore's own forward and input gradient, only the weight
             gradient by that GEMM; never chosen by measuring, see `decide`), 'composed' for GELU, 'composed'
-            and 'native-fwd' (MindSpore's forward, the backward composed) for LayerNorm; a form a
+            and 'native-fwd' (MindSpore's forward, the backward composed) for LayerNorm, 'composed'
+            for CrossEntropyLoss; a form a
             layer lacks gives the nearest it has, see `forced_form`): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
@@ -412,9 +415,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             False measures every distinct shape.
 
     Returns:
-        The decision table: one dict per Conv2d, GELU or LayerNorm with `layer`, `config`, `input`, `choice`,
-        `reason` and, when measured, `native_ms`, `gemm_ms` (the composed form's time: the chosen
-        one's, else the fastest), `extra_mb`.
+        The decision table: one dict per Conv2d, GELU, LayerNorm or CrossEntropyLoss with `layer`,
+        `config`, `input`, `choice`, `reason` and, when measured, `native_ms`, `gemm_ms` (the composed
+        form's time: the chosen one's, else the fastest), `extra_mb`.
 
     Example:
         >>> table = mindstep.optimize(net, (images,))  # doctest: +SKIP
