@@ -146,3 +146,18 @@ def test_from_net_steps_train_to_the_same_parameters_with_the_loss_composed(tmp_
     np.testing.assert_allclose(losses_c, losses_n, rtol=1e-5)
     for name, value in params_n.items():
         np.testing.assert_allclose(params_c[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_module_level_loss_called_directly_stays_out_of_the_table(tmp_path):
+    ms.set_seed(0)
+    net = nn.SequentialCell(nn.Dense(6, 16), nn.GELU(), nn.Dense(16, 30))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def forward(x, y):
+        return loss_fn(net(x), y)
+
+    step = TrainStep(forward, nn.Momentum(net.trainable_params(), 0.1, 0.9),
+                     optimize={"force": {"*": "composed"}, "cache_dir": str(tmp_path)})
+    step(np.ones((4, 6), np.float32), np.zeros(4, np.int32))
+    assert [(r["layer"], r["choice"]) for r in step.optimize_report] == [("1", "composed")]
+    assert type(loss_fn) is nn.CrossEntropyLoss

@@ -24,7 +24,7 @@ from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
 from ._graph import Counter, StepGraph
 from .dist import reduce as _reduce
-from .optimize.pass_ import check_force, run_with_settings
+from .optimize.pass_ import check_force, rewritable, run_with_settings
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSET = object()  # loss_scale not given: the precision level picks the default
@@ -236,9 +236,12 @@ class TrainStep:
         self.cells = networks.cells
         self.nets = networks.trained
         # what `optimize=` rewrites: the trained networks and the Cells without any parameter that
-        # forward uses (its loss: `nn.CrossEntropyLoss` inside it is a layer of the pass), not a
-        # frozen network's (those have parameters, just no trainable ones)
-        self._pass_nets = self.nets + [c for c in networks.loss_cells if next(c.get_parameters(), None) is None]
+        # forward uses (its loss: an `nn.CrossEntropyLoss` inside it is a layer of the pass), not a
+        # frozen network's (those have parameters, just no trainable ones); a loss that is itself a
+        # layer of the pass (`loss_fn = nn.CrossEntropyLoss()` called by forward) has no parent Cell
+        # to hold a replacement, so it is left out, as before the pass knew losses
+        self._pass_nets = self.nets + [c for c in networks.loss_cells if next(c.get_parameters(), None) is None
+                                       and not rewritable(c)]
         _discover.train_mode(self.nets)
         self.precision = plan
         self.cast_cells = _precision.apply(plan, self.nets, networks.loss_cells)

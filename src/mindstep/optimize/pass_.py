@@ -27,7 +27,8 @@ def kind_of(cell):
     return next((kind for kind in KINDS if kind.matches(cell)), None)
 
 
-def _rewritable(cell) -> bool:
+def rewritable(cell) -> bool:
+    """A layer the pass can rewrite: an `nn.Conv2d` or a layer of one of `KINDS`."""
     return isinstance(cell, nn.Conv2d) or kind_of(cell) is not None
 
 
@@ -47,12 +48,12 @@ def record_inputs(nets, run, inputs=(), stats: dict | None = None) -> dict:
     seen = {"calls": 0, "activation_mb": 0.0}
 
     def hook_for(cell):
-        rewritable, leaf = _rewritable(cell), next(iter(cell.cells()), None) is None
-        if not (rewritable or leaf):
+        layer, leaf = rewritable(cell), next(iter(cell.cells()), None) is None
+        if not (layer or leaf):
             return None
 
         def hook(cell, args, out):  # returns None: a hook's return value would replace the output
-            if rewritable:
+            if layer:
                 batch = any(args[0] is t for t in inputs)
                 shapes.setdefault(id(cell), (tuple(args[0].shape), args[0].dtype, not batch))
             if leaf:
