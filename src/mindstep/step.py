@@ -298,7 +298,8 @@ class TrainStep:
             raise bad_type("loss_fn", loss_fn, "a callable `loss_fn(logits, *targets)` such as nn.CrossEntropyLoss()",
                            "Pass an instance (`nn.MSELoss()`), not the class or its result.")
 
-        if isinstance(loss_fn, nn.Cell) and next(loss_fn.get_parameters(), None) is None:
+        if kwargs.get("optimize", False) not in (False, None) and isinstance(loss_fn, nn.Cell) \
+                and next(loss_fn.get_parameters(), None) is None:
             # held by a Cell of ours, so that `optimize=` can put a composed form of the loss (see
             # `mindstep.optimize.cross_entropy`) in its place; the caller's loss Cell is not changed
             loss_fn = _LossHolder(loss_fn)
