@@ -358,3 +358,38 @@ def test_update_graph_in_place_equals_the_copying_path_bit_for_bit():
     assert states[0].keys() == states[1].keys() and len(states[0]) > 3 * len(MLP().trainable_params())
     for name in states[0]:
         assert np.array_equal(states[0][name], states[1][name]), name
+
+
+@pytest.mark.parametrize("dtype", [ms.float32, ms.float16])
+@pytest.mark.parametrize("jit", MODES)
+def test_accumulator_reset_writes_positive_zeros_over_anything(jit, dtype):
+    """`_map.zero` (the accumulators' reset) leaves +0.0 everywhere, whatever the Parameter held."""
+    from mindstep import _map
+    from mindstep._compile import graph_mode, pynative_mode
+
+    held = np.array([[np.nan, np.inf, -np.inf], [-0.0, -3.5, 7.0]], np.float32)
+    params = ms.ParameterTuple([ms.Parameter(ms.Tensor(held, dtype), name="acc.a"),
+                                ms.Parameter(ms.Tensor(held[0], dtype), name="acc.b")])
+
+    class Reset(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.acc = params
+
+        def construct(self):
+            return _map.MAP(_map.zero, self.acc)
+
+    with (graph_mode() if jit else pynative_mode()):
+        Reset()()
+    for p in params:
+        value = p.asnumpy()
+        assert value.dtype == ms.dtype_to_nptype(dtype) and value.shape == p.shape
+        assert np.array_equal(value, np.zeros(p.shape)) and not np.signbit(value).any(), (p.name, value)
+
+
+def test_eager_step_takes_the_copying_update_path():
+    """MindSpore's CPU in-place multiply (`_map.scale_into`) runs in graphs only: a jit=False step's
+    update graph copies instead (same bits, test_update_graph_in_place_equals_the_copying_path_bit_for_bit)."""
+    for jit, expected in ((False, False), (True, True)):
+        _, _, step = make("adam", accumulate=2, loss_scale="dynamic", clip_grad_norm=0.5, jit=jit)
+        assert step._update_runner.cell.in_place is expected

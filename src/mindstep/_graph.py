@@ -144,9 +144,10 @@ class StepGraph(Stages):
     PARTS = ("full", "micro", "update")
 
     def __init__(self, forward, optimizer, *, counter, normalize: str, scale, accumulate, clip, ema, lr,
-                 finite, reduce, combine=None, part: str = "full"):
+                 finite, reduce, combine=None, part: str = "full", compiled: bool = True):
         """`part`: "full" (k = 1: every stage in one graph), "micro" (stages 1-6 only) or "update"
-        (stages 7-13 on the accumulators; the graph takes no inputs)."""
+        (stages 7-13 on the accumulators; the graph takes no inputs). `compiled`: the Cell runs as a
+        compiled graph, not eagerly (`in_place` needs MindSpore's in-place kernels, graph-only on CPU)."""
         super().__init__(auto_prefix=False)
         if part not in self.PARTS:
             raise ValueError(f"part must be one of {self.PARTS}, got {part!r}")
@@ -176,8 +177,10 @@ class StepGraph(Stages):
         # and clip them where they are instead of holding a second copy of every gradient until the
         # optimizer is done (float32 only, where `g * factor` keeps the dtype, so the values are the
         # same bits as the copying path's).
-        # (Not after a reduction: the reduced gradients are new tensors.)
-        self.in_place = part == "update" and not reduce.active and all(a.dtype == ms.float32 for a in accumulate.acc)
+        # (Not after a reduction: the reduced gradients are new tensors; not in an eager step, see
+        # `_map.scale_into`.)
+        self.in_place = compiled and part == "update" and not reduce.active \
+            and all(a.dtype == ms.float32 for a in accumulate.acc)
 
     def construct(self, *batch):
         if self.part == "update":

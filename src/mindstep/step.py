@@ -261,7 +261,7 @@ class TrainStep:
                       ema=_ema.stage(params, ema, name), lr=lr_stage, combine=losses,
                       finite=_nonfinite.stage(self.on_nonfinite, name), reduce=_reduce.stage(params, self.reduce, self.world_size))
         # k = 1: every stage in one graph; k > 1: the micro-step graph (see mindstep._graph)
-        self.graph = StepGraph(forward, optimizer, part="full" if k == 1 else "micro", **stages)
+        self.graph = StepGraph(forward, optimizer, part="full" if k == 1 else "micro", compiled=bool(jit), **stages)
         self._param_names = [p.name for p in params]
         # what each metric describes once ranks reduce: the batch this rank saw, or the reduced update
         reduced = "all ranks" if self.reduce else "this process"
@@ -275,7 +275,7 @@ class TrainStep:
         self._runner = _compile.Runner(self.graph, **runner)
         # k > 1: every k-th call also runs the update graph on the accumulators, no forward
         self._update_runner = None if k == 1 else _compile.Runner(
-            StepGraph(forward, optimizer, part="update", **stages), **runner)
+            StepGraph(forward, optimizer, part="update", compiled=bool(jit), **stages), **runner)
         self._micro = 0  # calls into the current window, mirrored from `<name>.micro`
         self.debug = debug
         self._watch_all = list(watch.values())
