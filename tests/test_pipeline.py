@@ -161,6 +161,28 @@ def test_clipped_update_norm_equals_limit(limit, jit):
     assert (raw_norm > limit) == (limit == 0.05), "the test's limits must straddle the raw norm"
 
 
+@pytest.mark.parametrize("jit", MODES)
+def test_global_norm_matches_float64_over_every_rank(jit):
+    """The norm sums each gradient over its first axis, then the rest: scalars, vectors, matrices
+    and conv weights must all count every element, as float64 does."""
+    rng = np.random.default_rng(2)
+    shapes = [(), (7,), (5, 3), (1, 9), (2, 3, 4), (8, 3, 3, 3), (16, 4, 1, 1)]
+    grads = [(rng.standard_normal(s) * 10 ** rng.uniform(-3, 3)).astype(np.float32) for s in shapes]
+    expected = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads))
+
+    class Norm(nn.Cell):
+        def construct(self, *gs):
+            return global_norm(gs)
+
+    if jit:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        got = float(Norm()(*[ms.Tensor(g) for g in grads]).asnumpy())
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    assert got == pytest.approx(expected, rel=1e-6)
+
+
 def test_clipping_twice_changes_nothing():
     rng = np.random.default_rng(1)
     grads = tuple(ms.Tensor(rng.standard_normal(s).astype(np.float32) * 10) for s in [(3, 4), (4,), (2, 2)])

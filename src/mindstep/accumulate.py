@@ -9,6 +9,7 @@ token mean. The accumulators are cleared at every boundary, also when the update
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from . import _map
@@ -31,8 +32,12 @@ class Accumulate(nn.Cell):
     def __init__(self, params, k: int, prefix: str):
         super().__init__()
         self.k = k
+        # zeros made on the host: `ops.zeros` runs an eager kernel whose output stays in MindSpore's
+        # memory pool after the Parameter copied it (peak RSS of a 2 x 64 MB Dense step with
+        # accumulate=2: 1221 against 1154 MB, Intel Xeon family 6 model 167)
         self.acc = ms.ParameterTuple(
-            ms.Parameter(ops.zeros(p.shape, p.dtype), name=f"{prefix}.acc.{p.name}", requires_grad=False)
+            ms.Parameter(ms.Tensor(np.zeros(p.shape, np.float32), p.dtype), name=f"{prefix}.acc.{p.name}",
+                         requires_grad=False)
             for p in params)
         self.weight = ms.Parameter(ms.Tensor(0.0, ms.float32), name=f"{prefix}.acc_weight", requires_grad=False)
         self.micro = ms.Parameter(ms.Tensor(0, ms.int32), name=f"{prefix}.micro", requires_grad=False)
@@ -40,8 +45,12 @@ class Accumulate(nn.Cell):
     def add(self, grads, weight):
         """Add to the accumulators and count the micro-step, in place (the micro-step graph)."""
         # one HyperMap, not a Python loop: an unrolled loop over ResNet-18's 62 tensors compiled ~5x
-        # slower and held more memory (see mindstep/_map.py)
-        done = _map.MAP(ops.assign_add, self.acc, grads)
+        # slower and held more memory (see mindstep/_map.py). In reverse parameter order, the order
+        # the backward pass makes the gradients in: MindSpore chains the additions in the order
+        # written, so in forward order the first addition waited for the last gradient and every
+        # gradient stayed alive until the end of the backward pass (ResNet-50, dynamic scale +
+        # accumulate=2 + clipping + EMA: peak RSS 1699 -> 1667 MB, Intel Xeon family 6 model 167)
+        done = _map.MAP(ops.assign_add, tuple(self.acc)[::-1], grads[::-1])
         ops.assign_add(self.weight, ops.depend(weight, done))
         ops.assign_add(self.micro, ms.Tensor(1, ms.int32))
         return True
