@@ -156,6 +156,35 @@ def test_host_weight_write_is_seen_by_the_compiled_step():
     assert before != pytest.approx(after)
 
 
+def test_calls_after_the_compile_skip_the_cell_lookup_and_match_it_bit_for_bit(monkeypatch):
+    """After a signature's first call the runner runs MindSpore's compiled phase directly
+    (`_compile._run_compiled`); the weights, losses and compile counts must be those of the
+    `Cell.__call__` path, also across a second input shape and back."""
+    from mindstep import _compile
+
+    def train(fast: bool):
+        net = seeded(MLP)
+        step = TrainStep.from_net(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.05, 0.9))
+        direct = []
+        if fast:
+            run = _compile._run_compiled
+            monkeypatch.setattr(_compile, "_run_compiled", lambda *a: direct.append(1) or run(*a))
+        else:
+            monkeypatch.setattr(_compile, "_compiled_phase", lambda cell: None)
+        data = batches(3, (8, 32)) + batches(2, (4, 32), seed=1) + batches(2, (8, 32), seed=2)
+        losses = [float(step(x, y)["loss"]) for x, y in data]
+        monkeypatch.undo()
+        return losses, params_np(net.trainable_params()), step.compile_count, len(direct)
+
+    fast, slow = train(True), train(False)
+    assert fast[0] == slow[0]
+    for name, value in slow[1].items():
+        np.testing.assert_array_equal(fast[1][name], value, err_msg=name)
+    assert fast[2] == slow[2] == 2, "one compile per input shape"
+    assert (fast[3], slow[3]) == (5, 0), "every call after a shape's first runs the compiled phase directly"
+    assert ms.get_context("mode") == ms.PYNATIVE_MODE
+
+
 def test_jit_false_never_compiles_and_leaves_context_in_pynative():
     net = seeded(MLP)
     step = TrainStep.from_net(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.1), jit=False)

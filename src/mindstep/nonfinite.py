@@ -148,7 +148,7 @@ def host_check(metrics: dict, *, policy: str, max_in_row: int | None, scaled: bo
                 f"{len(bad)} parameter(s) ({where}); the update is skipped. Check the learning rate (too high), "
                 "operations with unbounded gradients (sqrt or log near 0), or use loss_scale='dynamic' under fp16.")
     if max_in_row is not None and "skipped_in_row" in metrics:
-        in_row = int(metrics["skipped_in_row"].asnumpy())
+        in_row = int(metrics["skipped_in_row"])
         if in_row >= max_in_row:
             raise NonFiniteError(
                 f"{in_row} updates in a row were skipped because their gradient was not finite "
