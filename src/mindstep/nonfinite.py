@@ -28,8 +28,8 @@ times a vector) against 69 ms by `isfinite().all()`; ResNet-18's conv weights 4.
 which made the composed ResNet-18 step (`jit-opt`) 87 -> 62 ms. The products are now summed over
 the first axis, then the rest (`_map._total`): no flattened copy of a conv weight and no `MatMul`
 kernel per gradient shape, whose memory MindSpore holds from compile on (Intel Xeon family 6
-model 167: ResNet-50's marks 18.3 ms against 15.2 as matrix products, ResNet-18's 6.8 against
-5.6). Small networks once had a form of their own (all gradients concatenated into one buffer,
+model 167, two runs: ResNet-50's marks 18.3-19.7 ms against 15.2-15.3 as matrix products,
+ResNet-18's 6.8-8.5 against 5.6-6.2). Small networks once had a form of their own (all gradients concatenated into one buffer,
 then `isfinite` and `all`); on an Intel Xeon family 6 model 167 (2 cores, AVX-512) the bench
 MLP's step took 1.59-1.66 ms with it, 1.49-1.53 ms with the marks and 1.35-1.39 ms without a
 check (two interleaved rounds of 5 x 300 steps each), so the marks serve every network. Picking
