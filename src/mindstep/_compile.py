@@ -65,15 +65,36 @@ def reset_pynative_grad() -> None:
         _PYNATIVE.clear_res()
 
 
+def sync_pynative() -> None:
+    """Wait for every PyNative op queued so far; an op that failed raises here.
+
+    MindSpore 2.10 runs PyNative ops asynchronously: a failing op (a reshape to a size its input
+    does not have) can raise at a later op instead, even in the next, unrelated call (a probe of a
+    forward that fails at batch 1, caught, then a good call at the whole batch raised the batch-1
+    error in 61 of 200 tries). Callers that catch a failed call sync inside their `try`."""
+    if _PYNATIVE is not None:
+        _PYNATIVE.sync()
+
+
+def drain_pynative() -> None:
+    """After a failed PyNative call: wait for the ops still queued behind it and drop their errors
+    (they belong to the call that failed), so the next call starts clean."""
+    try:
+        sync_pynative()
+    except Exception:  # noqa: BLE001 - the failed call's own errors, already reported by its raise
+        pass
+
+
 def _eager(cell, tensors):
     """Run `cell.construct` in PyNative, whatever the caller's mode (under a global GRAPH_MODE the
     sub-Cells it calls would compile themselves instead of running eagerly; the step's grad function
     is built in PyNative for the same reason, see `_graph.StepGraph`); after an exception, reset
-    PyNative's grad state."""
+    PyNative's grad state and drop the errors of the ops still queued behind the one that raised."""
     try:
         with pynative_mode():
             return cell.construct(*tensors)
     except BaseException:
+        drain_pynative()
         reset_pynative_grad()
         raise
 
