@@ -1,6 +1,7 @@
 """mindstep bench: JSON schema, failure reporting, ratios from one run, outputs. No timing thresholds."""
 import json
 import math
+import sys
 
 import mindspore as ms
 import numpy as np
@@ -34,6 +35,8 @@ def test_report_follows_the_json_schema(small_report):
         assert r["status"] == "ok" and r["model"] == "mlp" and r["batch_size"] == 8
         assert r["throughput"] > 0 and r["step_ms_p90"] >= r["step_ms_p50"] > 0 and r["compile_s"] > 0
         assert r["peak_mem_mb"] > 0 and r["mem_source"] in ("process peak RSS", "device max_memory_allocated")
+        if sys.platform.startswith("linux"):  # RssAnon: the process's own memory, within its peak RSS
+            assert 0 < r["anon_mem_mb"] < r["peak_mem_mb"]
         assert 0 < r["mfu"] < 1
         assert r["throughput"] == pytest.approx(8 / (r["step_ms_p50"] / 1000))
 
@@ -327,6 +330,18 @@ def test_repeat_interleaves_the_modes_and_reports_medians_spread_and_the_best_pe
     assert "±17%" in report.rows(rep)[0][3] and "median of 2 interleaved runs" in report.title(rep)
     with pytest.raises(ValueError, match="`repeat`"):
         runner.BenchConfig(model="mlp", repeat=0).validate()
+
+
+def test_own_memory_is_a_median_over_runs_and_a_line_under_the_table():
+    run = {"mode": "jit", "status": "ok", "step_ms_p50": 1.0, "step_ms_p90": 1.0, "compile_s": 1.0, "peak_mem_mb": 900.0,
+           "mem_source": "process peak RSS", "batch_size": 1}
+    row = runner.combine([dict(run, anon_mem_mb=600.0), dict(run, anon_mem_mb=640.0), dict(run, anon_mem_mb=610.0)])
+    assert row["anon_mem_mb"] == 610.0 and row["runs"]["anon_mem_mb"] == [600.0, 640.0, 610.0]
+    assert report.own_memory_lines({"results": [row]}) == [
+        "anonymous memory at the end of each run (the process's own, without library pages): jit 610 MB"]
+    # where /proc/self/status says nothing (not Linux): no figure, no line
+    bare = runner.combine([dict(run, anon_mem_mb=None), dict(run, anon_mem_mb=None)])
+    assert "anon_mem_mb" not in bare["runs"] and report.own_memory_lines({"results": [bare]}) == []
 
 
 def test_a_failed_run_fails_the_repeated_row():

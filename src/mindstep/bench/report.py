@@ -63,7 +63,7 @@ def print_table(report: dict, console: Console | None = None) -> None:
     for r in report["results"]:
         if r.get("status") == "failed":
             console.print(f"[red]{r['mode']} failed:[/red] {r['error']}")
-    for line in short_runs(report) + ceiling_lines(report):
+    for line in short_runs(report) + own_memory_lines(report) + ceiling_lines(report):
         console.print(line)
 
 
@@ -71,6 +71,18 @@ def short_runs(report: dict) -> list[str]:
     """A line for each mode whose runs timed fewer calls than --steps asked (`--max-seconds`)."""
     return [f"{r['mode']}: {r['settings']['timed_calls_why']}" + (" (the run that timed fewest)" if "runs" in r else "")
             for r in report["results"] if r.get("status") == "ok" and "timed_calls_why" in (r.get("settings") or {})]
+
+
+def own_memory_lines(report: dict) -> list[str]:
+    """The anonymous memory each row's process held at the end (`anon_mem_mb`, Linux), where the
+    peak column is the process's peak RSS: the same figures without MindSpore's library pages, whose
+    resident share moves with the page cache between runs."""
+    ok = [r for r in report["results"] if r.get("status") == "ok" and r.get("anon_mem_mb") is not None
+          and r.get("mem_source") == "process peak RSS"]
+    if not ok:
+        return []
+    return ["anonymous memory at the end of each run (the process's own, without library pages): "
+            + ", ".join(f"{r['mode']} {r['anon_mem_mb']:.0f} MB" for r in ok)]
 
 
 def ceiling_lines(report: dict) -> list[str]:
@@ -94,7 +106,7 @@ def markdown(report: dict) -> str:
     lines = ["# mindstep bench", "", title(report), "", "| " + " | ".join(COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in rows(report)]
-    short = short_runs(report) + ceiling_lines(report)
+    short = short_runs(report) + own_memory_lines(report) + ceiling_lines(report)
     if short:
         lines += [""] + [f"- {line}" for line in short]
     lines += ["", "Settings per mode:", ""]

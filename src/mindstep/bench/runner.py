@@ -179,7 +179,7 @@ def _ceiling_row(ceiling: dict | None, peak_gflops: float) -> dict | None:
     return {**ceiling, "mfu": ceiling["gflops"] / peak_gflops if ok else float("nan")}
 
 
-RUN_KEYS = ("step_ms_p50", "step_ms_p90", "compile_s", "peak_mem_mb")
+RUN_KEYS = ("step_ms_p50", "step_ms_p90", "compile_s", "peak_mem_mb", "anon_mem_mb")
 
 
 def combine(outs: list) -> dict:
@@ -194,7 +194,8 @@ def combine(outs: list) -> dict:
     row = dict(outs[0])
     if len(outs) == 1:
         return row
-    for key in RUN_KEYS:
+    keys = [key for key in RUN_KEYS if all(o.get(key) is not None for o in outs)]
+    for key in keys:
         row[key] = statistics.median(o[key] for o in outs)
     row["throughput"] = row["batch_size"] / (row["step_ms_p50"] / 1000.0)
     fewest = min(outs, key=lambda o: o.get("timed_calls", 0))
@@ -204,7 +205,7 @@ def combine(outs: list) -> dict:
         settings["timed_calls_why"] = fewest["settings"]["timed_calls_why"]
     row["settings"] = settings
     p50s = [o["step_ms_p50"] for o in outs]
-    row["runs"] = {key: [o[key] for o in outs] for key in RUN_KEYS}
+    row["runs"] = {key: [o[key] for o in outs] for key in keys}
     row["step_ms_spread"] = (max(p50s) - min(p50s)) / row["step_ms_p50"]
     return row
 
