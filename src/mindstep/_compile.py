@@ -52,6 +52,11 @@ try:  # private; see `_run_compiled`
     from mindspore.nn.cell import _DEFAULT_JIT_CONFIG
 except ImportError:  # pragma: no cover - depends on the MindSpore version
     _CELL_EXECUTOR = None
+if _CELL_EXECUTOR is not None and not (  # pragma: no cover - depends on the MindSpore version
+        all(hasattr(_CELL_EXECUTOR, name) for name in ("_exec_pip", "has_compiled"))
+        and all(hasattr(getattr(_CELL_EXECUTOR, "_graph_executor", None), name)
+                for name in ("get_args_for_run", "set_jit_config"))):
+    _CELL_EXECUTOR = None  # this MindSpore runs its graphs otherwise: every call takes `Cell.__call__`
 
 
 def reset_pynative_grad() -> None:
@@ -250,7 +255,7 @@ def _run_compiled(cell, phase: str, tensors):
     shapes and dtypes (the step passes every batch element as a tensor, `to_tensor`), which the
     runner records per compiled phase; a phase MindSpore no longer holds goes the slow way."""
     args = _CELL_EXECUTOR._graph_executor.get_args_for_run(
-        cell, tensors, {}, list(cell._has_mutable_args_list or []), [], False, False)
+        cell, tensors, {}, list(getattr(cell, "_has_mutable_args_list", None) or []), [], False, False)
     _CELL_EXECUTOR._graph_executor.set_jit_config(getattr(cell, "jit_config_dict", None) or _DEFAULT_JIT_CONFIG)
     return _CELL_EXECUTOR._exec_pip(cell, *args, phase=phase)
 
