@@ -540,7 +540,7 @@ def test_decisions_are_measured_cached_and_reused(tmp_path, monkeypatch):
 def test_gc_frozen_restores_the_collector_even_on_error_and_leaves_a_callers_own_freeze():
     import gc
 
-    from mindstep._compile import gc_frozen
+    from mindstep._context import gc_frozen
 
     assert gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError):
@@ -858,7 +858,7 @@ import os, sys, json
 os.environ["GLOG_v"] = "3"
 import numpy as np, mindspore as ms, psutil
 from mindspore import nn
-from mindstep._compile import graph_mode
+from mindstep._context import graph_mode
 from mindstep.optimize.conv import GemmConv2d
 sys.modules["mindstep.optimize.conv"]._ORDERED_BPROP = sys.argv[7] == "ordered"
 n_layers, form, stride, hw, ch, batch = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
@@ -932,7 +932,7 @@ import os, sys, json
 os.environ["GLOG_v"] = "3"
 import numpy as np, mindspore as ms, psutil
 from mindspore import nn
-from mindstep._compile import graph_mode
+from mindstep._context import graph_mode
 from mindstep.optimize.conv import GemmConv2d
 form, hw, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 conv = nn.Conv2d(3, 64, 7, 2, pad_mode="pad", padding=3, has_bias=False)
@@ -1057,7 +1057,7 @@ def test_a_composed_layer_runs_the_native_one_at_another_input_size(mode):
     """Composed forms are built for the training input's size; evaluating on whole images (the
     esrgan recipe: 75x112 after 16x16 training crops) failed with 'For MatMulExt op, shape1[-1]
     must be equal to shape2[-2]'. Another spatial size runs the replaced native layer."""
-    from mindstep._compile import graph_mode
+    from mindstep._context import graph_mode
     from mindstep.optimize.conv import GemmConv2d
 
     conv = nn.Conv2d(3, 8, 3, pad_mode="same", has_bias=True)

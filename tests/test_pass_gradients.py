@@ -22,7 +22,7 @@ import pytest
 from mindspore import nn
 
 from archs import DenseNet, MobileNetV2, smooth
-from mindstep._compile import graph_mode
+from mindstep._context import graph_mode
 from mindstep.bench.zoo import MODELS
 from mindstep.optimize import optimize
 from mindstep.optimize.conv import FORMS, NATIVE_DW, layer_forms, supported

@@ -387,7 +387,7 @@ def test_update_graph_in_place_equals_the_copying_path_bit_for_bit():
 def test_accumulator_reset_writes_positive_zeros_over_anything(jit, dtype):
     """`_map.zero` (the accumulators' reset) leaves +0.0 everywhere, whatever the Parameter held."""
     from mindstep import _map
-    from mindstep._compile import graph_mode, pynative_mode
+    from mindstep._context import graph_mode, pynative_mode
 
     held = np.array([[np.nan, np.inf, -np.inf], [-0.0, -3.5, 7.0]], np.float32)
     params = ms.ParameterTuple([ms.Parameter(ms.Tensor(held, dtype), name="acc.a"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import mindspore as ms
 import numpy as np
 
-from ._compile import pynative_mode, reset_pynative_grad
+from ._context import pynative_mode, reset_pynative_grad
 from .groups import labelled_groups
 
 

@@ -42,7 +42,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import _map
-from ._compile import pynative_mode
+from ._context import pynative_mode
 
 
 def _objective(forward, scale, normalize: str, combine):

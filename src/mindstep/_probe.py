@@ -1,7 +1,7 @@
 """One eager, inference-mode forward with hooks: how mindstep reads the shapes a network sees."""
 from __future__ import annotations
 
-from ._compile import drain_pynative, pynative_mode, reset_pynative_grad, sync_pynative
+from ._context import drain_pynative, pynative_mode, reset_pynative_grad, sync_pynative
 
 
 def probe_forward(nets, hook_for, run) -> None:

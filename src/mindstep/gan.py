@@ -38,6 +38,7 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from . import _compile, _discover
+from ._context import pynative_mode
 from . import checkpoint as _checkpoint
 from . import clip as _clip
 from . import ema as _ema
@@ -171,7 +172,7 @@ class GANGraph(nn.Cell):
         self.g_inputs = g_inputs
         self.order = order
         self.phase = phase
-        with _compile.pynative_mode():  # as in `_graph.StepGraph`: an eager step needs PyNative grad functions
+        with pynative_mode():  # as in `_graph.StepGraph`: an eager step needs PyNative grad functions
             self.d_grad = ms.value_and_grad(_objective(d_loss, d.scale, "mean", d.combine), None,
                                             d.optimizer.parameters, has_aux=True)
             self.g_grad = ms.value_and_grad(_objective(g_loss, g.scale, "mean", g.combine), 0, None, has_aux=True)

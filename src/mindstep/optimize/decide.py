@@ -21,7 +21,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from .._compile import graph_mode
+from .._context import graph_mode
 from .conv import NATIVE_DW, GemmConv2d, conv_pads, dw_forms, forms_for, out_shape, single_tap
 from .memory import extra_mb
 

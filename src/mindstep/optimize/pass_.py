@@ -8,7 +8,7 @@ import mindspore as ms
 from mindspore import nn
 
 from .._cells import replace_cell
-from .._compile import gc_frozen
+from .._context import gc_frozen
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
