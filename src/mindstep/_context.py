@@ -11,7 +11,7 @@ import gc
 
 import mindspore as ms
 
-try:  # private, ~30x cheaper than get_context("mode"), which the step reads on every call
+try:  # private, ~30x cheaper than get_context("mode"), which every mode switch reads
     from mindspore.context import _get_mode as _current_mode
 except ImportError:  # pragma: no cover - depends on the MindSpore version
     def _current_mode():
