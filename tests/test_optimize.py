@@ -581,6 +581,77 @@ def test_decision_families_pair_layers_that_differ_only_in_width():
     assert got["shared_from"] == k(64, 128) and "shared from the measured 64->128 layer" in got["reason"]
 
 
+def test_a_layer_on_a_smaller_map_inherits_a_clear_composed_win_of_its_geometry():
+    from mindstep.optimize.decide import INHERIT_RATIO, ancestor, geometry, inherited, inherited_form, key
+
+    def conv(cin, cout, stride=1, k=3):
+        return nn.Conv2d(cin, cout, k, stride, pad_mode="pad", padding=k // 2)
+
+    def k(cin, cout, hw, stride=1, batch=4):
+        return key("CPU", conv(cin, cout, stride), (batch, cin, hw, hw), ms.float32)
+
+    assert geometry(k(64, 64, 8)) == (geometry(k(256, 512, 2))[0], 64)  # channels and map size left out
+    for other in (k(64, 64, 8, stride=2), k(64, 64, 8, batch=8)):
+        assert geometry(other)[0] != geometry(k(64, 64, 8))[0]
+    win = {"choice": "batched", "times": {"native": 40.0, "batched": 5.0}, "native_ms": 40.0, "gemm_ms": 5.0,
+           "reason": "measured"}
+    cache = {k(64, 64, 8): win}
+    assert ancestor(cache, k(256, 256, 4)) == k(64, 64, 8)  # 64 positions: 4x its 16, any channels
+    assert ancestor(cache, k(256, 256, 2)) == k(64, 64, 8)  # 16x
+    assert ancestor(cache, k(256, 256, 1)) is None  # 64x: too far
+    assert ancestor(cache, k(64, 64, 16)) is None  # a larger map: never from a smaller one
+    assert ancestor(cache, k(256, 256, 8)) is None  # the same map: `neighbour`'s, bounded in width
+    assert ancestor(cache, k(256, 256, 4, stride=2)) is None  # another geometry
+    for weak in ({**win, "times": {"native": 5.0 * INHERIT_RATIO * 0.99, "batched": 5.0}},
+                 {**win, "choice": "native"},
+                 {**win, "shared_from": "another key"}):
+        assert ancestor({k(64, 64, 8): weak}, k(256, 256, 4)) is None
+    # the nearest map wins, then the larger lead
+    near = {**win, "times": {"native": 20.0, "batched": 4.0}}
+    assert ancestor({**cache, k(32, 32, 4): near}, k(128, 128, 2)) == k(32, 32, 4)
+
+    got = inherited(win, k(64, 64, 8), k(128, 256, 4), "one-gemm")
+    assert got["choice"] == "one-gemm" and got["inherited_from"] == k(64, 64, 8)
+    assert got["times"] == {"native": 80.0, "one-gemm": 10.0}  # x (128*256)/(64*64) x 16/64 multiply-adds
+    assert "inherited from the measured 64->64 layer on 8x8 maps" in got["reason"] and "8.0x" in got["reason"]
+
+    # the layer's own lead form at its own shape, with the native weight gradient if the source had it
+    assert inherited_form(conv(256, 256), (4, 256, 2, 2), True, "batched") == "one-gemm"
+    assert inherited_form(conv(256, 256), (4, 256, 2, 2), True, "batched" + NATIVE_DW) == "one-gemm" + NATIVE_DW
+    assert inherited_form(conv(64, 64), (4, 64, 32, 32), True, "one-gemm") == "batched"
+    assert inherited_form(conv(256, 256), (4, 256, 1, 1), True, "batched" + NATIVE_DW) == "batched"  # one tap
+    assert inherited_form(conv(64, 128, 2, k=1), (4, 64, 4, 4), True, "batched+phases") == "one-gemm+phases"
+
+
+def test_an_inherited_decision_rewrites_the_layer_without_measuring_and_stays_out_of_the_cache(tmp_path):
+    from mindstep.optimize.decide import key
+
+    def net():
+        ms.set_seed(0)
+        # 8->16 on 8x8, then 16->64 on 4x4: out of `neighbour`'s 2x in width, the same geometry
+        return nn.SequentialCell(nn.ReLU(), nn.Conv2d(8, 16, 3, pad_mode="same"), nn.MaxPool2d(2, 2),
+                                 nn.Conv2d(16, 64, 3, pad_mode="same"))
+
+    x = np.ones((2, 8, 8, 8), np.float32)
+    first = net()
+    entry = {"choice": "batched", "native_ms": 40.0, "gemm_ms": 5.0, "times": {"native": 40.0, "batched": 5.0},
+             "extra_mb": 0.0, "reason": "measured (seeded by the test)"}
+    seeded = {key("CPU", first[1], (2, 8, 8, 8), ms.float32): entry}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "decisions.json").write_text(json.dumps(seeded))
+    table = optimize(first, (x,), device="CPU", cache_dir=str(tmp_path / "a"), measure=False, memory_budget_mb=None)
+    assert table[0]["choice"] == "batched" and table[0]["cached"]
+    assert table[1]["choice"] == "one-gemm", table[1]  # its own lead at 16 positions, not the source's form
+    assert "inherited from the measured 8->16 layer on 8x8 maps" in table[1]["reason"]
+    assert type(first[3]) is GemmConv2d and first[3].form == "one-gemm"
+    assert json.loads((tmp_path / "a" / "decisions.json").read_text()) == seeded  # measurements only
+    other = net()
+    table = optimize(other, (x,), device="CPU", cache_dir=str(tmp_path / "a"), measure=False, share=False,
+                     memory_budget_mb=None)
+    assert table[1]["choice"] == "native" and "not measured" in table[1]["reason"]
+    assert type(other[3]) is nn.Conv2d
+
+
 def test_a_layer_takes_a_measured_neighbours_decision_unless_share_is_off(tmp_path):
     def net():
         ms.set_seed(0)

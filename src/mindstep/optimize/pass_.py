@@ -254,8 +254,9 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
     (see `check_force`) fixes the form of the layers whose names match, without measuring: the
     budget does not move them, and they run on every device. `share`: a layer not in the cache
     whose channel counts are within `decide.SHARE_FACTOR` of a measured layer of the same geometry
-    takes that layer's decision (`decide.neighbour`) instead of being measured; shared decisions are
-    not written to the cache, which holds measurements only.
+    takes that layer's decision (`decide.neighbour`) instead of being measured, and a layer without
+    one whose geometry won by `decide.INHERIT_RATIO` on a larger map takes its own lead form
+    (`decide.ancestor`); such decisions are not written to the cache, which holds measurements only.
     """
     device = device or ms.get_context("device_target")
     path = decide.cache_path(cache_dir)
@@ -291,8 +292,12 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                 k = decide.key(device, cell, shape, dtype, input_grad)
                 cached = k in cache
                 source = decide.neighbour(cache, k) if share and not cached else None
+                elder = decide.ancestor(cache, k) if share and not cached and source is None else None
                 if source is not None:
                     found = decide.shared(cache[source], source, k)
+                elif elder is not None:
+                    form = decide.inherited_form(cell, shape, input_grad, cache[elder]["choice"])
+                    found = decide.inherited(cache[elder], elder, k, form)
                 else:
                     if not cached and measure:
                         cache[k] = decide.measure(cell, shape, dtype, input_grad)
@@ -412,8 +417,9 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             layer lacks gives the nearest it has, see `forced_form`): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
-            counts are within 2x of its own (`decide.SHARE_FACTOR`) instead of measuring it (default);
-            False measures every distinct shape.
+            counts are within 2x of its own (`decide.SHARE_FACTOR`) instead of measuring it, or, without
+            one, compose it where a layer of that geometry on a map of at most 16x its positions beat
+            native by 4x (`decide.ancestor`) (default); False measures every distinct shape.
 
     Returns:
         The decision table: one dict per Conv2d, GELU, LayerNorm or CrossEntropyLoss with `layer`,
