@@ -615,12 +615,12 @@ def test_a_layer_on_a_smaller_map_inherits_a_clear_composed_win_of_its_geometry(
     assert got["times"] == {"native": 80.0, "one-gemm": 10.0}  # x (128*256)/(64*64) x 16/64 multiply-adds
     assert "inherited from the measured 64->64 layer on 8x8 maps" in got["reason"] and "8.0x" in got["reason"]
 
-    # the layer's own lead form at its own shape, with the native weight gradient if the source had it
-    assert inherited_form(conv(256, 256), (4, 256, 2, 2), True, "batched") == "one-gemm"
-    assert inherited_form(conv(256, 256), (4, 256, 2, 2), True, "batched" + NATIVE_DW) == "one-gemm" + NATIVE_DW
-    assert inherited_form(conv(64, 64), (4, 64, 32, 32), True, "one-gemm") == "batched"
-    assert inherited_form(conv(256, 256), (4, 256, 1, 1), True, "batched" + NATIVE_DW) == "batched"  # one tap
-    assert inherited_form(conv(64, 128, 2, k=1), (4, 64, 4, 4), True, "batched+phases") == "one-gemm+phases"
+    # the layer's own lead form at its own shape (never the per-direction variant)
+    assert inherited_form(conv(256, 256), (4, 256, 2, 2), True) == "one-gemm"
+    assert inherited_form(conv(64, 64), (4, 64, 32, 32), True) == "batched"
+    assert inherited_form(conv(256, 256), (4, 256, 1, 1), True) == "batched"  # one tap: its only form
+    assert inherited_form(conv(64, 128, 2, k=1), (4, 64, 4, 4), True) == "one-gemm+phases"
+    assert inherited_form(conv(3, 64, 2, k=7), (4, 3, 4, 4), False) == "one-gemm"  # the batch: no phases
 
 
 def test_an_inherited_decision_rewrites_the_layer_without_measuring_and_stays_out_of_the_cache(tmp_path):

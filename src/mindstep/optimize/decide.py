@@ -141,22 +141,29 @@ def shared(entry: dict, source: str, cache_key: str) -> dict:
 # decision measured on a layer of the same geometry on a larger map (`ancestor`): the same kernel,
 # stride, dilation, pads, bias, group kind, batch, dtype and input-gradient need, any channels, more
 # input positions but at most `INHERIT_POSITIONS` times its own, where the chosen form beat native by
-# at least `INHERIT_RATIO`. It takes its own lead form (`lead_form`: one GEMM on small maps, else
-# batched), with MindSpore's weight-gradient kernel if the source chose that (`inherited_form`), and is
-# not checked against native here (as a shared decision is not; the forms are tested over a grid).
+# at least `INHERIT_RATIO`. It takes its own lead form (`inherited_form`: one GEMM on small maps, else
+# batched), and is not checked against native here (as a shared decision is not; the forms are tested
+# over a grid). Not the per-direction variant even where the source chose it: whether MindSpore's
+# weight-gradient kernel beats the GEMM changes with the shape (ResNet-18 here: 1.19x faster on 8x8
+# maps, 0.93x on 2x2), and carrying it over was no better in whole steps (in one process, 12
+# interleaved rounds: ResNet-18 96.3 vs 94.5 ms lead only, a first try 106.2 vs 99.0 with every layer
+# measured; EfficientNet-B0 199.9 vs 201.2; GhostNet 141.2 vs 147.1).
 # Why: the pass's first call is mostly one probe compile per measured layer shape, and where native
 # convolutions are slow a ResNet's layers win by 6-45x at every map size.
 # Checked against fully measured tables (every distinct shape timed, batch 16, 32 px, Intel Xeon family
 # 6 model 167, 2026-12-06; the pass visits larger maps first): over the bench's ResNet-18 and -50 and
 # mindcv's ResNet-18, MobileNetV2, MobileNetV3-small, EfficientNet-B0, GhostNet, RegNetX-200MF,
 # ShuffleNetV2 and DenseNet-121, 201 of 327 shapes are measured with `neighbour` alone and 172 with this
-# rule too (ResNet-18 11 -> 5, ResNet-50 20 -> 14); by their own timings the 31 inherited layers' forms
-# cost -0.9 to +1.2 ms per model against their measured choices (of 27-170 ms: timing noise), and none
-# was measured native. Wins shrink on smaller maps for some kinds (depthwise 3x3: 5.9x at 16x16, 1.9x at
-# 2x2, native at 1x1; 1x1 stride-1 layers are native at 2x2 and larger but win at 1x1), so the margin
-# matters: at a ratio of 3, one of those layers would have been composed against its measured native
-# choice, at 2 five (0.1-2.4 ms each); a source on a map of the same size (what `neighbour` bounds by
-# width) put 20 of DenseNet's 2x2 1x1 layers on one 3.0x layer's choice at 3.
+# rule too (ResNet-18 11 -> 5, ResNet-50 20 -> 14). By their own timings alone, the 31 inherited
+# layers' lead forms cost 0.0-4.5 ms per model against their measured choices (of 27-170 ms summed over
+# each model's shapes; the most, 4.3 ms, one EfficientNet depthwise layer whose variant won alone); none
+# was measured native, and their own measured leads over native were 1.5x or more (with 64x the
+# positions allowed, depthwise layers on 2x2 and 1x1 maps would have come in at 1.1x). Wins shrink on
+# smaller maps for some kinds (depthwise 3x3: 5.9x at 16x16, 1.9x at 2x2, native at 1x1; 1x1 stride-1
+# layers are native at 2x2 and larger but win at 1x1), so the margin matters: at a ratio of 3, one of
+# those layers would have been composed against its measured native choice, at 2 five (0.1-2.4 ms
+# each); a source on a map of the same size (what `neighbour` bounds by width) put 20 of DenseNet's
+# 2x2 1x1 layers on one 3.0x layer's choice at 3.
 INHERIT_RATIO = 4.0
 INHERIT_POSITIONS = 16
 
@@ -193,16 +200,12 @@ def ancestor(cache: dict, cache_key: str) -> str | None:
     return None if best is None else best[1]
 
 
-def inherited_form(conv: nn.Conv2d, shape: tuple, input_grad: bool, source_choice: str) -> str:
-    """The form a layer takes from a measured `ancestor` whose choice was `source_choice`: the form
-    `measure` would time first at this shape (its lead, or its only form), with MindSpore's own
-    weight-gradient kernel if the source chose it and this layer has that variant."""
+def inherited_form(conv: nn.Conv2d, shape: tuple, input_grad: bool) -> str:
+    """The form a layer takes from a measured `ancestor`: the form `measure` would time first at this
+    shape (its lead, or its only form)."""
     forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape, input_grad)
     _, _, ho, wo = out_shape(conv, shape)
-    form = lead_form(tuple(forms), ho * wo) or forms[0]
-    if source_choice.endswith(NATIVE_DW) and form + NATIVE_DW in dw_forms(conv, tuple(shape[2:])):
-        form += NATIVE_DW
-    return form
+    return lead_form(tuple(forms), ho * wo) or forms[0]
 
 
 def inherited(entry: dict, source: str, cache_key: str, form: str) -> dict:

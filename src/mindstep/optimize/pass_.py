@@ -296,7 +296,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                 if source is not None:
                     found = decide.shared(cache[source], source, k)
                 elif elder is not None:
-                    form = decide.inherited_form(cell, shape, input_grad, cache[elder]["choice"])
+                    form = decide.inherited_form(cell, shape, input_grad)
                     found = decide.inherited(cache[elder], elder, k, form)
                 else:
                     if not cached and measure:
