@@ -214,15 +214,14 @@ def inherited(entry: dict, source: str, cache_key: str, form: str) -> dict:
     memory budget's trade-offs), and a reason that names the source."""
     (_, positions), (_, theirs) = geometry(cache_key), geometry(source)
     ratio = _macs(cache_key) * positions / (_macs(source) * theirs)
-    native, chosen = entry["times"]["native"] * ratio, entry["times"][entry["choice"]] * ratio
-    _, sin, sout = family(source)
+    native, chosen = entry["times"]["native"], entry["times"][entry["choice"]]
     m = _KEY.match(source)
-    return {"choice": form, "native_ms": round(native, 3), "gemm_ms": round(chosen, 3),
-            "times": {"native": round(native, 3), form: round(chosen, 3)}, "inherited_from": source,
-            "reason": f"inherited from the measured {sin}->{sout} layer on {m['h']}x{m['w']} maps of the same "
-                      f"geometry, where {entry['choice']} beat native by {entry['times']['native'] / entry['times'][entry['choice']]:.1f}x "
-                      f"(at least {INHERIT_RATIO:g}x, within {INHERIT_POSITIONS}x the positions; times scaled by "
-                      f"multiply-adds): this layer's lead form, not timed here"}
+    return {"choice": form, "native_ms": round(native * ratio, 3), "gemm_ms": round(chosen * ratio, 3),
+            "times": {"native": round(native * ratio, 3), form: round(chosen * ratio, 3)}, "inherited_from": source,
+            "reason": f"inherited from the measured {m['cin']}->{m['cout']} layer on {m['h']}x{m['w']} maps of the "
+                      f"same geometry, where {entry['choice']} beat native by {native / chosen:.1f}x (at least "
+                      f"{INHERIT_RATIO:g}x, within {INHERIT_POSITIONS}x the positions; times scaled by multiply-adds): "
+                      f"this layer's lead form, not timed here"}
 
 
 def choose(times: dict, memory: dict, native_margin: float = 1.0) -> str:
