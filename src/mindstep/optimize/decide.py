@@ -203,9 +203,8 @@ def ancestor(cache: dict, cache_key: str) -> str | None:
 def inherited_form(conv: nn.Conv2d, shape: tuple, input_grad: bool) -> str:
     """The form a layer takes from a measured `ancestor`: the form `measure` would time first at this
     shape (its lead, or its only form)."""
-    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape, input_grad)
-    _, _, ho, wo = out_shape(conv, shape)
-    return lead_form(tuple(forms), ho * wo) or forms[0]
+    forms, lead = timed_forms(conv, shape, input_grad)
+    return lead or forms[0]
 
 
 def inherited(entry: dict, source: str, cache_key: str, form: str) -> dict:
@@ -545,10 +544,8 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     """`compare` a conv layer with its composed forms (`plausible_forms`) at this input shape: the
     step's forward, weight gradients and, unless the layer's input is the batch itself
     (`input_grad=False`), its input gradient."""
-    out = out_shape(conv, shape)
-    x, r = _inputs(shape, out, dtype)
-    # a layer whose 1x1 input meets one tap is the same (N, C) x (C, K) GEMM in every form
-    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else plausible_forms(conv, shape, input_grad)
+    x, r = _inputs(shape, out_shape(conv, shape), dtype)
+    forms, lead = timed_forms(conv, shape, input_grad)
     hw = (shape[2], shape[3])
     composed = {form: GemmConv2d(conv, hw, form) for form in forms}
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f, input_grad) for f in forms}}
@@ -560,7 +557,16 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
         return {variant: GemmConv2d(conv, hw, variant)} if variant in dw_forms(conv, hw) else {}
 
     return compare(conv, composed, x, r, input_grad, memory, native_margin=CONV_MARGIN, refine=per_direction,
-                   lead=lead_form(tuple(forms), out[2] * out[3]))
+                   lead=lead)
+
+
+def timed_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> tuple[tuple, str | None]:
+    """The composed forms `measure` times for this layer at this input shape (`plausible_forms`; one,
+    'batched', for a layer whose 1x1 input meets one tap: the same (N, C) x (C, K) GEMM in every form)
+    and the one it times first (`lead_form`, None for a single form)."""
+    forms = ("batched",) if single_tap(conv, shape[2:]) is not None else tuple(plausible_forms(conv, shape, input_grad))
+    _, _, ho, wo = out_shape(conv, shape)
+    return forms, lead_form(forms, ho * wo)
 
 
 # The other per-direction forms (`conv.NATIVE_FWD_DX`: MindSpore's own forward and input gradient, the
