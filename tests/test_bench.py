@@ -339,7 +339,7 @@ def test_own_memory_is_a_median_over_runs_and_a_line_under_the_table():
     assert row["anon_mem_mb"] == 610.0 and row["runs"]["anon_mem_mb"] == [600.0, 640.0, 610.0]
     assert report.own_memory_lines({"results": [row]}) == [
         "anonymous memory at the end of each run (the process's own, without library pages): jit 610 MB"]
-    # where /proc/self/status says nothing (not Linux): no figure, no line
+    # where psutil has no shared-page figure (not Linux): no figure, no line
     bare = runner.combine([dict(run, anon_mem_mb=None), dict(run, anon_mem_mb=None)])
     assert "anon_mem_mb" not in bare["runs"] and report.own_memory_lines({"results": [bare]}) == []
 

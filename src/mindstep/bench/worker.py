@@ -32,22 +32,19 @@ def _peak_mem_mb() -> tuple[float, str]:
 
 
 def _own_mem_mb() -> float | None:
-    """The process's anonymous resident memory at the end of the run (Linux `RssAnon`), in MB, or
-    None where `/proc/self/status` does not say.
+    """The process's anonymous resident memory at the end of the run (Linux `RssAnon`: psutil's
+    resident less its file-backed and shared pages), in MB, or None where psutil has no `shared`
+    figure (not Linux).
 
     The peak RSS also counts the pages of MindSpore's shared libraries the process has touched, and
     how many of those are resident follows the machine's page cache: the same bare ResNet-18, BERT and
     ResNet-50 steps peaked ~105 MB lower two hours apart on one machine (their `RssFile` ~280 MB in
     the second run). Anonymous memory is the process's own; MindSpore's CPU memory pool keeps what it
     grew to, so at the end of the run it stands near the anonymous peak."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    import psutil
+
+    mem = psutil.Process().memory_info()
+    return (mem.rss - mem.shared) / 2**20 if hasattr(mem, "shared") else None
 
 
 PEAK_N, PEAK_REPEATS = 2048, 8
