@@ -239,13 +239,15 @@ def _cmd_bench(args) -> int:
     if args.out:
         for path in report.write_outputs(result, args.out):
             print(f"wrote {path}")
-    cal = result.get("optimize_calibration")
-    if cal:
+    for mode, key in (("jit-opt", "optimize_calibration"), ("jit-opt-fuse", "optimize_calibration_fuse")):
+        cal = result.get(key)
+        if not cal:
+            continue
         tried = "; ".join(f"{'no cap' if t['memory_budget_mb'] is None else '%.0f MB' % t['memory_budget_mb']}: "
                           f"{'failed' if t['peak_mem_mb'] is None else '%.0f MB peak' % t['peak_mem_mb']}"
                           f"{' (within)' if t['within'] else ''}" for t in cal["trials"])
         chosen = cal["chosen"]
-        print(f"jit-opt memory calibration (peak <= {cal['peak_ratio']}x jit's {cal['native_peak_mb']:.0f} MB): "
+        print(f"{mode} memory calibration (peak <= {cal['peak_ratio']}x jit's {cal['native_peak_mb']:.0f} MB): "
               f"{tried} -> {'no cap' if chosen is None else chosen if chosen == 'default' else '%.0f MB' % chosen}")
     if args.explain:
         from .optimize import render
@@ -379,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "GEMM peak, with the CPU named in the header.")
     p.add_argument("--model", default="resnet18", help="mlp, resnet18, resnet50, rrdbnet, bert (default resnet18)")
     p.add_argument("--modes", default="pynative,jit,jit-opt,seed,model",
-                   help="comma-separated: pynative, jit, jit-all, jit-nocheck, jit-accum, jit-big, jit-opt, seed, model, onestep")
+                   help="comma-separated: pynative, jit, jit-all, jit-nocheck, jit-accum, jit-big, jit-opt, jit-opt-fuse, seed, model, onestep")
     p.add_argument("--batch-size", type=_positive, default=None, help="default: the model's own")
     p.add_argument("--image-size", type=_positive, default=32)
     p.add_argument("--seq-len", type=_positive, default=64)

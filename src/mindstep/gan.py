@@ -411,8 +411,17 @@ class GANStep:
             d_loss(ops.stop_gradient(fake), *batch)
             return g_loss(fake, *batch)
 
-        self.optimize_report, self.optimize_budget_mb = run_with_settings(self.nets, probe, self.optimize,
-                                                                          inputs=tensors)
+        with self._fusion():
+            self.optimize_report, self.optimize_budget_mb = run_with_settings(self.nets, probe, self.optimize,
+                                                                              inputs=tensors)
+
+    def _fusion(self):
+        """Graph-kernel fusion around the pass and the compiles with `optimize={'fuse': True}`
+        (`mindstep.optimize.fusion`), else a block that changes nothing."""
+        from .optimize import fusion
+
+        fuse = bool(self.optimize and self.optimize.get("fuse"))
+        return fusion.maybe(fuse, self.optimize.get("cache_dir") if fuse else None)
 
     def _runner(self, phase: str) -> _compile.Runner:
         if phase not in self._runners:
@@ -430,7 +439,8 @@ class GANStep:
         phase = self.phase(self._iteration)
         runner = self._runner(phase)
         try:
-            d_out, g_out = runner(*tensors)
+            with self._fusion():
+                d_out, g_out = runner(*tensors)
         except (TypeError, ValueError, IndexError) as error:
             raise _compile.step_failure(error, runner.signatures, tensors, who="GANStep") from None
         self._iteration += 1

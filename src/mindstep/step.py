@@ -24,13 +24,14 @@ from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
 from ._graph import Counter, StepGraph
 from .dist import reduce as _reduce
+from .optimize import fusion as _fusion
 from .optimize.pass_ import check_force, rewritable, run_with_settings
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSET = object()  # loss_scale not given: the precision level picks the default
 
 
-_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force", "share")
+_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force", "share", "fuse")
 
 
 def _check_optimize(optimize: Any) -> dict | None:
@@ -51,9 +52,13 @@ def _check_optimize(optimize: Any) -> dict | None:
         if optimize.get(key) is not None:
             check_float(f"optimize[{key!r}]", optimize[key], low=0.0, fix=f"e.g. optimize={{'{key}': 1200}}"
                         + (", or None for no cap." if key == "memory_budget_mb" else "."))
-    for key in ("measure", "share"):
+    for key in ("measure", "share", "fuse"):
         if key in optimize:
             check_bool(f"optimize[{key!r}]", optimize[key])
+    if optimize.get("fuse"):
+        from .optimize.fusion import check_available
+
+        check_available()
     if "force" in optimize:
         check_force(optimize["force"])
     return dict(optimize)
@@ -132,8 +137,11 @@ class TrainStep:
             `mindstep.optimize.memory.native_growth_mb`, standing in for it); a dict sets
             `native_peak_mb` (the native step's measured peak, e.g. from `mindstep bench`), or
             `memory_budget_mb` (a number of MB, or None for no cap), `cache_dir`, `measure`,
-            `force` (fixed forms per layer-name pattern, see `mindstep.optimize`) and `share`
-            (False: measure every layer shape instead of sharing decisions across widths).
+            `force` (fixed forms per layer-name pattern, see `mindstep.optimize`), `share`
+            (False: measure every layer shape instead of sharing decisions across widths) and
+            `fuse` (True: the pass measures and the step compiles with MindSpore's graph-kernel
+            fusion, `mindstep.optimize.fusion`; a win on elementwise-heavy steps such as
+            transformers, not everywhere: `mindstep bench --modes jit-opt,jit-opt-fuse` measures it).
         on_nonfinite: ``"skip"`` (default), ``"raise"`` or ``"apply"``: what an update whose
             gradient holds NaN/Inf does (`mindstep.nonfinite`): skipped entirely and counted
             (metrics `skipped`, `skipped_in_row`), skipped then `mindstep.NonFiniteError` naming the
@@ -386,8 +394,9 @@ class TrainStep:
         _discover.train_mode(self.nets)
         if self.optimize is not None and self.optimize_report is None:
             t0 = time.perf_counter()
-            self.optimize_report, self.optimize_budget_mb = run_with_settings(
-                self._pass_nets, self.forward, self.optimize, inputs=tensors)
+            with self._fusion():
+                self.optimize_report, self.optimize_budget_mb = run_with_settings(
+                    self._pass_nets, self.forward, self.optimize, inputs=tensors)
             self.optimize_s = time.perf_counter() - t0
         if self.debug and self.compile_count == 0 and not getattr(self, "_debugged", False):
             self._debugged = True
@@ -412,24 +421,34 @@ class TrainStep:
                              f"step runs as compiler={self.compiler!r} (valid: 'cell'). Build it with "
                              "TrainStep(..., jit=True, compiler='cell') (the default), or let its first call compile it.")
         tensors = self._prepare(batch, "step.compile(*batch)")
-        try:
-            compiled = self._runner.compile(*tensors)
-        except (TypeError, ValueError, IndexError) as error:
-            raise _compile.step_failure(error, self._runner.signatures, tensors) from None
-        if self._update_runner is not None and self._update_runner.compile_count == 0:
-            compiled += self._update_runner.compile()
+        with self._fusion():
+            try:
+                compiled = self._runner.compile(*tensors)
+            except (TypeError, ValueError, IndexError) as error:
+                raise _compile.step_failure(error, self._runner.signatures, tensors) from None
+            if self._update_runner is not None and self._update_runner.compile_count == 0:
+                compiled += self._update_runner.compile()
         return compiled
+
+    def _fusion(self):
+        """The block the pass, the compiles and the calls run in: graph-kernel fusion on with
+        `optimize={'fuse': True}` (see `mindstep.optimize.fusion`), else nothing."""
+        fuse = bool(self.optimize and self.optimize.get("fuse"))
+        return _fusion.maybe(fuse, self.optimize.get("cache_dir") if fuse else None)
 
     def __call__(self, *batch) -> dict:
         """Run one training step on `batch` and return the metrics dict."""
         tensors = self._prepare(batch)
-        try:
-            values, aux_values, aux_keys = self._runner(*tensors)
-        except (TypeError, ValueError, IndexError) as error:
-            raise _compile.step_failure(error, self._runner.signatures, tensors) from None
-        self._micro = (self._micro + 1) % self.accumulate
-        if self._update_runner is not None and self._micro == 0:  # the window is complete: update
-            update, _, _ = self._update_runner()
+        with self._fusion():  # a graph compiled now (the first call, a new shape) is fused as the rest
+            try:
+                values, aux_values, aux_keys = self._runner(*tensors)
+            except (TypeError, ValueError, IndexError) as error:
+                raise _compile.step_failure(error, self._runner.signatures, tensors) from None
+            self._micro = (self._micro + 1) % self.accumulate
+            update = None
+            if self._update_runner is not None and self._micro == 0:  # the window is complete: update
+                update, _, _ = self._update_runner()
+        if update is not None:
             values = tuple(values[:1]) + tuple(update[1:])  # the loss is the micro-batch's
         metrics = dict(zip(self.graph.metric_names, values))
         for key, value in zip(aux_keys, aux_values):

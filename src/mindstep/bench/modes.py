@@ -10,6 +10,8 @@
 - `jit-opt`: compiled with the best settings for this device (see `OPT_SETTINGS`); the composed-
   operator pass keeps to a memory budget that the runner calibrates against the `jit` row's measured
   peak (run first; see `runner.calibrate_budget`), or the one given by `--opt-memory-budget`.
+- `jit-opt-fuse`: `jit-opt` with MindSpore's graph-kernel fusion (`optimize={"fuse": True}`, see
+  `mindstep.optimize.fusion`): the pass measures its decisions fused and the step compiles fused.
 - `seed`: the tutorial's hand-written step, `value_and_grad` + optimizer under `ms.jit`.
 - `model`: `mindspore.train.Model(...).train(...)` in GRAPH_MODE (sink mode where supported).
 - `onestep`: `nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)` in GRAPH_MODE.
@@ -21,8 +23,9 @@ from mindspore import amp, nn
 
 from ..step import TrainStep
 
-MODES = ("pynative", "jit", "jit-all", "jit-nocheck", "jit-accum", "jit-big", "jit-opt", "seed", "model",
-         "onestep")
+MODES = ("pynative", "jit", "jit-all", "jit-nocheck", "jit-accum", "jit-big", "jit-opt", "jit-opt-fuse", "seed",
+         "model", "onestep")
+OPT_MODES = ("jit-opt", "jit-opt-fuse")  # the modes that run the composed-operator pass
 
 # What jit-opt turns on, per device, and why. On CPU, fp16 kernels are 2-3x slower than fp32 and
 # bf16 kernels are missing (shared notes), so the best precision there is fp32.
@@ -68,14 +71,17 @@ def build(mode: str, net, loss_fn, *, features: bool = False, optimize=True, acc
         step = TrainStep.from_net(net, loss_fn, opt, jit=(mode == "jit"), **extra)
         return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "step": step, **extra,
                                                **({"compile": step.compile} if mode == "jit" else {})}
-    if mode == "jit-opt":
+    if mode in OPT_MODES:
+        if mode == "jit-opt-fuse":
+            optimize = {**(optimize if isinstance(optimize, dict) else {}), "fuse": True}
         settings = OPT_SETTINGS.get(device, OPT_SETTINGS["CPU"])
         if settings["precision"] != "fp32":
             net = amp.auto_mixed_precision(net, settings["precision"])
             extra.setdefault("loss_scale", "dynamic")
         opt = make_optimizer(net)
         step = TrainStep.from_net(net, loss_fn, opt, optimize=optimize, **extra)
-        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "opt": settings["note"], "step": step,
+        note = settings["note"] + (" + graph-kernel fusion" if mode == "jit-opt-fuse" else "")
+        return (lambda *b: step(*b)["loss"]), {"compiler": step.compiler, "opt": note, "step": step,
                                                "compile": step.compile, **extra}
     if mode == "seed":
         return _seed(net, loss_fn), {"compiler": "ms.jit(function)"}

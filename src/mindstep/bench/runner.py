@@ -12,7 +12,7 @@ import mindspore as ms
 
 from .. import _cpu
 from .._errors import bad_value, check_choice, check_int
-from .modes import ACCUMULATE, MODES
+from .modes import ACCUMULATE, MODES, OPT_MODES
 from .worker import MAX_SECONDS, PREFIX
 from .zoo import MODELS
 
@@ -131,15 +131,16 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
         if on_progress:
             on_progress("GEMM ceiling at the model's shapes", 0, total)
         ceiling = run_worker({**spec_for(cfg, "ceiling"), "mode": "ceiling"}, cfg.timeout_s, cfg.extra_env)
-    prepared = None
-    if "jit-opt" in cfg.modes:
+    prepared = {}
+    for mode in (m for m in OPT_MODES if m in cfg.modes):
         if on_progress:
-            on_progress("jit-opt: measuring layer decisions", 0, total)
-        prepared = run_worker({**spec_for(cfg, "jit-opt"), "mode": "prepare-opt"}, cfg.timeout_s, cfg.extra_env)
+            on_progress(f"{mode}: measuring layer decisions", 0, total)
+        prepared[mode] = run_worker({**spec_for(cfg, mode), "mode": "prepare-opt", "fuse": mode == "jit-opt-fuse"},
+                                    cfg.timeout_s, cfg.extra_env)
     # jit runs before jit-opt whatever the listed order: its measured peak memory is the native
     # reference for jit-opt's memory budget (see mindstep.optimize.pass_.budget_mb)
-    order = sorted(cfg.modes, key=lambda m: m == "jit-opt")
-    runs, calibration, specs, i = {m: [] for m in order}, None, {}, 0
+    order = sorted(cfg.modes, key=lambda m: m in OPT_MODES)
+    runs, calibrations, specs, i = {m: [] for m in order}, {}, {}, 0
     for r in range(cfg.repeat):
         for mode in order:
             i += 1
@@ -147,9 +148,9 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
                 on_progress(mode if cfg.repeat == 1 else f"{mode} (run {r + 1}/{cfg.repeat})", i, total)
             if mode not in specs:
                 specs[mode] = spec_for(cfg, mode)
-                if mode == "jit-opt":  # calibrated once, against the first jit run
+                if mode in OPT_MODES:  # calibrated once, against the first jit run
                     first_jit = _row(cfg, "jit", runs["jit"][0], float("nan")) if runs.get("jit") else {}
-                    calibration = _opt_settings(cfg, specs[mode], first_jit, on_progress, i, total)
+                    calibrations[mode] = _opt_settings(cfg, specs[mode], first_jit, on_progress, i, total)
             runs[mode].append(run_worker(specs[mode], cfg.timeout_s, cfg.extra_env))
         measure_peak()
     good = [p for p in peaks if p == p and p > 0]
@@ -167,7 +168,9 @@ def run(cfg: BenchConfig, on_progress=None) -> dict:
                            f"{len(peaks)} processes (before the modes and after each round of them); the best "
                            f"over all",
             "config": {k: v for k, v in asdict(cfg).items() if k not in ("extra_env",)},
-            "optimize_prepare": prepared, "optimize_calibration": calibration,
+            "optimize_prepare": prepared.get("jit-opt"), "optimize_calibration": calibrations.get("jit-opt"),
+            "optimize_prepare_fuse": prepared.get("jit-opt-fuse"),
+            "optimize_calibration_fuse": calibrations.get("jit-opt-fuse"),
             "shape_ceiling": _ceiling_row(ceiling, peak_gflops), "results": results}
 
 

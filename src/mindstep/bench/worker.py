@@ -210,7 +210,7 @@ def first_window_s(times: list, warmup: int, k: int = 1) -> float:
 def _prepare_opt(spec: dict) -> dict:
     """Measure the composed-operator decisions for this model and shape into the disk cache, in a
     process of its own, so the `jit-opt` worker's peak memory and timings hold training only."""
-    from ..optimize import optimize
+    from ..optimize import fusion, optimize
     from . import zoo
 
     model = zoo.MODELS[spec["model"]]
@@ -219,7 +219,8 @@ def _prepare_opt(spec: dict) -> dict:
     rng = np.random.default_rng(spec["seed"])
     x = model.batch(rng, spec["batch_size"], spec["image_size"], spec["seq_len"])[0]
     t0 = time.perf_counter()
-    table = optimize(net, (ms.Tensor(x),))
+    with fusion.maybe(bool(spec.get("fuse"))):  # jit-opt-fuse's decisions are measured fused
+        table = optimize(net, (ms.Tensor(x),))
     return {"optimize_s": time.perf_counter() - t0, "layers": len(table),
             "rewritten": sum(r["choice"] != "native" for r in table)}
 

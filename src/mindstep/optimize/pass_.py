@@ -12,7 +12,7 @@ from .._context import gc_frozen
 from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
-from . import cross_entropy, gelu, layernorm
+from . import cross_entropy, fusion, gelu, layernorm
 from .conv import ALL_FORMS, NATIVE_DW, GemmConv2d, conv_pads, layer_forms, supported
 
 # The layer kinds besides `nn.Conv2d` (which has its own forms, sharing and compile-memory rules): each
@@ -289,7 +289,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                    "input": list(shape)}
             if not _settled(row, supported(cell), layer_forms(cell, shape[2:]), force, device, "convolutions",
                             lambda form: memory.extra_mb(cell, shape, form, input_grad)):
-                k = decide.key(device, cell, shape, dtype, input_grad)
+                k = decide.key(fusion.key_device(device), cell, shape, dtype, input_grad)
                 cached = k in cache
                 source = decide.neighbour(cache, k) if share and not cached else None
                 elder = decide.ancestor(cache, k) if share and not cached and source is None else None
@@ -362,7 +362,7 @@ def _kind_row(kind, name: str, cell, shape, dtype, device, cache: dict, force, m
     row = {"layer": name, "config": kind.config(cell), "input": list(shape)}
     if not _settled(row, kind.supported(cell, shape, dtype), kind.FORMS, force, device, "kernels",
                     lambda form: kind.extra_mb(shape)):
-        k = decide.kind_key(device, kind, cell, shape, dtype)
+        k = decide.kind_key(fusion.key_device(device), kind, cell, shape, dtype)
         cached = k in cache
         if not cached and measure:
             cache[k] = decide.measure_kind(kind, cell, shape, dtype)
