@@ -54,7 +54,7 @@ def test_fused_decisions_are_cached_under_their_own_key(tmp_path, monkeypatch):
     x = (np.ones((2, 3, 8), np.float32),)
     optimize(nn.SequentialCell(nn.LayerNorm((8,))), x, cache_dir=str(tmp_path))
     assert fusion.key_device("CPU") == "CPU"
-    with fusion.fused(str(tmp_path)):
+    with fusion.fused():
         assert fusion.active() and fusion.key_device("CPU") == "CPU+graph-kernel"
         optimize(nn.SequentialCell(nn.LayerNorm((8,))), x, cache_dir=str(tmp_path))
     assert not fusion.active()

@@ -420,8 +420,7 @@ class GANStep:
         (`mindstep.optimize.fusion`), else a block that changes nothing."""
         from .optimize import fusion
 
-        fuse = bool(self.optimize and self.optimize.get("fuse"))
-        return fusion.maybe(fuse, self.optimize.get("cache_dir") if fuse else None)
+        return fusion.maybe(bool(self.optimize and self.optimize.get("fuse")))
 
     def _runner(self, phase: str) -> _compile.Runner:
         if phase not in self._runners:

@@ -140,8 +140,8 @@ class TrainStep:
             `force` (fixed forms per layer-name pattern, see `mindstep.optimize`), `share`
             (False: measure every layer shape instead of sharing decisions across widths) and
             `fuse` (True: the pass measures and the step compiles with MindSpore's graph-kernel
-            fusion, `mindstep.optimize.fusion`; a win on elementwise-heavy steps such as
-            transformers, not everywhere: `mindstep bench --modes jit-opt,jit-opt-fuse` measures it).
+            fusion, `mindstep.optimize.fusion`; experimental: its speed varied between runs on
+            the same model, `mindstep bench --modes jit-opt,jit-opt-fuse --repeat 3` measures it).
         on_nonfinite: ``"skip"`` (default), ``"raise"`` or ``"apply"``: what an update whose
             gradient holds NaN/Inf does (`mindstep.nonfinite`): skipped entirely and counted
             (metrics `skipped`, `skipped_in_row`), skipped then `mindstep.NonFiniteError` naming the
@@ -433,8 +433,7 @@ class TrainStep:
     def _fusion(self):
         """The block the pass, the compiles and the calls run in: graph-kernel fusion on with
         `optimize={'fuse': True}` (see `mindstep.optimize.fusion`), else nothing."""
-        fuse = bool(self.optimize and self.optimize.get("fuse"))
-        return _fusion.maybe(fuse, self.optimize.get("cache_dir") if fuse else None)
+        return _fusion.maybe(bool(self.optimize and self.optimize.get("fuse")))
 
     def __call__(self, *batch) -> dict:
         """Run one training step on `batch` and return the metrics dict."""

@@ -6,30 +6,39 @@ into one generated kernel each (graph-kernel fusion, its AKG compiler; `enable_g
 in the CPU wheel, but its compiler imports the `decorator` package, which the wheel does not install
 (without it the compile fails with "Response is empty"); mindstep's dependencies include it.
 
-Measured on an Intel Xeon family 6 model 167 (AVX-512, AMX; 2 cores), the bench BERT (hidden 128,
-batch 16, seq 64, momentum), each in its own process, medians of 30 steps: the pass's step 60.7-62.7 ms
-unfused, 40.3-42.0 ms fused (1.5x); fused, the pass's own measurements choose differently (native
-GELU: 1.6 ms against its composed form's 3.2; the composed LayerNorm 1.8 against native's 3.7), which
-is why the decisions are keyed by the fusion (`key_device`). Fusion is not a win everywhere, so it is
-a setting, and `mindstep bench --modes jit-opt,jit-opt-fuse` measures it: on the same CPU the native
-BERT step ran slower fused (133-142 ms against 90) and the pass's ResNet-18 step level (119 vs 117 ms).
+Experimental, and off by default, because its speed is not yet dependable. Measured on an Intel
+Xeon family 6 model 167 (AVX-512, AMX; 2 cores), the bench BERT (hidden 128, batch 16, seq 64,
+momentum), each in its own process, medians of 15-30 steps: the pass's step unfused 60.7-62.7 ms;
+fused 39.2-48.8 ms in seven runs, but 98.5-202.8 ms in five others (min 58.9-125.8 within them;
+`mindstep bench --model bert --modes jit,jit-opt,jit-opt-fuse --repeat 3`: 177.3 ms +-11 % against
+jit-opt's 90.4, where a single run had given 49.6 against 85.7). The slow runs were those whose
+decisions came from the cache rather than being measured in the same process, but not always (one
+such bench run was fast), so the cause is open; the results were the same either way (the tests
+compare parameters). Fused, the pass's own measurements choose differently (native GELU 1.6 ms
+against its composed form's 3.2; the composed LayerNorm 1.8 against native's 3.7), which is why the
+decisions are keyed by the fusion (`key_device`). On the same CPU the native BERT step ran slower
+fused (133-142 ms against 90) and the pass's ResNet-18 step level (119 vs 117 ms). Measure it on
+your model with `mindstep bench --modes jit-opt,jit-opt-fuse --repeat 3` before relying on it.
 
-The first fused compile of a kernel costs seconds (BERT's first call 10.9 s against 5.9 unfused, with
-the generated kernels cached on disk; 6.2 s once cached). MindSpore writes that cache under
-`MS_COMPILER_CACHE_PATH`; unless it is set, `fused` points it at `graph-kernels/` in mindstep's cache
-directory. MindSpore's kernel-compile process, started by the process's first fused compile, writes a
-log (`dsa_transfrom.log`) into its working directory: the first `fused` block runs in that directory
-(and changes back after), so the process starts there and nothing lands in the user's directory. Only
-that first block moves the working directory (code running in other threads meanwhile, such as a
-dataset reader opening relative paths, would see it); later blocks do not.
+Each process compiles its fused kernels afresh (BERT's first call 10.9-20.8 s against 5.9 unfused)
+into a temporary directory of its own, removed at exit (MindSpore keeps them under
+`MS_COMPILER_CACHE_PATH`; one you set yourself is used as it is). MindSpore's kernel-compile process,
+started by the process's first fused compile, writes a log (`dsa_transfrom.log`) into its working
+directory: the first `fused` block runs in the kernel directory (and changes back after), so the
+process starts there and nothing lands in the user's directory. Only that first block moves the
+working directory (code running in other threads meanwhile, such as a dataset reader opening
+relative paths, would see it); later blocks do not.
 
 The context flag is process-wide; `fused` turns it on only while the pass measures and while the step
 compiles or runs, and restores what it was, so the user's other graphs compile as they would have.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 
 from mindspore.context import _context, ms_ctx_param
 
@@ -63,15 +72,13 @@ def check_available() -> None:
 
 
 @contextlib.contextmanager
-def fused(cache_dir: str | None = None):
-    """Compile (and run) with graph-kernel fusion inside the block; the flag is restored after.
-    `cache_dir`: mindstep's cache directory (see `decide.cache_path`), under which MindSpore's kernel
-    cache goes when `MS_COMPILER_CACHE_PATH` is not set."""
-    from .decide import cache_path
-
+def fused():
+    """Compile (and run) with graph-kernel fusion inside the block; the flag is restored after."""
     check_available()
     if not os.environ.get(CACHE_ENV):
-        os.environ[CACHE_ENV] = str(cache_path(cache_dir).parent / "graph-kernels")
+        kernels = tempfile.mkdtemp(prefix="mindstep-graph-kernels-")
+        atexit.register(shutil.rmtree, kernels, True)
+        os.environ[CACHE_ENV] = kernels
     kernels = os.environ[CACHE_ENV]
     os.makedirs(kernels, exist_ok=True)
     global _STARTED
@@ -88,6 +95,6 @@ def fused(cache_dir: str | None = None):
             os.chdir(here)
 
 
-def maybe(on: bool, cache_dir: str | None = None):
-    """`fused(cache_dir)` when `on`, else a block that changes nothing."""
-    return fused(cache_dir) if on else contextlib.nullcontext()
+def maybe(on: bool):
+    """`fused()` when `on`, else a block that changes nothing."""
+    return fused() if on else contextlib.nullcontext()
