@@ -6,19 +6,21 @@ into one generated kernel each (graph-kernel fusion, its AKG compiler; `enable_g
 in the CPU wheel, but its compiler imports the `decorator` package, which the wheel does not install
 (without it the compile fails with "Response is empty"); mindstep's dependencies include it.
 
-Experimental, and off by default, because its speed is not yet dependable. Measured on an Intel
-Xeon family 6 model 167 (AVX-512, AMX; 2 cores), the bench BERT (hidden 128, batch 16, seq 64,
-momentum), each in its own process, medians of 15-30 steps: the pass's step unfused 60.7-62.7 ms;
-fused 39.2-48.8 ms in seven runs, but 98.5-202.8 ms in five others (min 58.9-125.8 within them;
-`mindstep bench --model bert --modes jit,jit-opt,jit-opt-fuse --repeat 3`: 177.3 ms +-11 % against
-jit-opt's 90.4, where a single run had given 49.6 against 85.7). The slow runs were those whose
-decisions came from the cache rather than being measured in the same process, but not always (one
-such bench run was fast), so the cause is open; the results were the same either way (the tests
-compare parameters). Fused, the pass's own measurements choose differently (native GELU 1.6 ms
-against its composed form's 3.2; the composed LayerNorm 1.8 against native's 3.7), which is why the
-decisions are keyed by the fusion (`key_device`). On the same CPU the native BERT step ran slower
-fused (133-142 ms against 90) and the pass's ResNet-18 step level (119 vs 117 ms). Measure it on
-your model with `mindstep bench --modes jit-opt,jit-opt-fuse --repeat 3` before relying on it.
+Off by default: fusion is not a win everywhere. Measured on an Intel Xeon family 6 model 167
+(AVX-512, AMX; 2 cores), the bench BERT (hidden 128, batch 16, seq 64, momentum), each run in its own
+process: the pass's step fused 40.7-48.7 ms against 60.7-62.7 unfused (medians of 15-30 steps), but
+the native BERT step ran slower fused (133-142 ms against 90) and the pass's ResNet-18 step level
+(119 vs 117 ms); `mindstep bench --modes jit-opt,jit-opt-fuse --repeat 3` measures it on a model.
+Fused, the pass's own measurements choose differently (native GELU 1.6 ms against its composed
+form's 3.2; the composed LayerNorm 1.8 against native's 3.7), which is why the decisions are keyed by
+the fusion (`key_device`).
+
+The process's first `fused` block first runs a small fused graph `WARM_UP_CALLS` times (`_warm_up`).
+Without it, a fused step whose process had run no fused graph before it compiled ran 3x slower, and
+stayed so: the same forced BERT decisions took 109.9-154.3 ms a step (minimums 52-65) in six such
+processes, 40.7-48.7 ms in eight that had first run the pass's fused probes, or a two-op fused graph
+3, 5 or 10 times; after 1 run it was still 114.3-154.3 ms. (Why is MindSpore's own matter; a step
+whose decisions came from the cache measured no probes, so it hit this.)
 
 Each process compiles its fused kernels afresh (BERT's first call 10.9-20.8 s against 5.9 unfused)
 into a temporary directory of its own, removed at exit (MindSpore keeps them under
@@ -48,6 +50,7 @@ from mindspore.context import _context, ms_ctx_param
 _FLAG = ms_ctx_param.enable_graph_kernel
 CACHE_ENV = "MS_COMPILER_CACHE_PATH"
 _STARTED = False  # a `fused` block ran in this process (MindSpore's kernel-compile process may exist)
+WARM_UP_CALLS = 5  # see the module docstring: 3 sufficed in the measurements, 1 did not
 
 
 def active() -> bool:
@@ -87,12 +90,32 @@ def fused():
         os.chdir(kernels)  # MindSpore starts its kernel-compile process on the first fused compile, here
     try:
         _context().set_param(_FLAG, True)
+        if first:
+            _warm_up()
         yield
     finally:
         _context().set_param(_FLAG, before)
         if first:
             _STARTED = True
             os.chdir(here)
+
+
+def _warm_up() -> None:
+    """Compile and run a two-op fused graph `WARM_UP_CALLS` times (see the module docstring)."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, ops
+
+    from .._context import graph_mode
+
+    class _Chain(nn.Cell):
+        def construct(self, x):
+            return ops.sigmoid(x * 2.0 + 1.0) * x
+
+    chain, x = _Chain(), ms.Tensor(np.ones((1024, 512), np.float32))
+    with graph_mode():
+        for _ in range(WARM_UP_CALLS):
+            chain(x).asnumpy()
 
 
 def maybe(on: bool):
