@@ -85,3 +85,30 @@ def test_the_bench_jit_opt_fuse_mode_asks_for_fusion():
     assert "graph-kernel fusion" in settings["opt"]
     _, plain = modes.build("jit-opt", nn.SequentialCell(nn.Dense(4, 2)), nn.MSELoss(), optimize={"memory_budget_mb": None})
     assert "fuse" not in plain["step"].optimize
+
+
+def test_a_fused_gan_step_equals_the_hand_written_loop(tmp_path, monkeypatch):
+    from test_gan import data, gan, reference, weights
+
+    monkeypatch.setenv(fusion.CACHE_ENV, str(tmp_path / "kernels"))
+    batches = data()
+    ref = reference(batches)
+    step, g, d = gan(optimize={"fuse": True, "cache_dir": str(tmp_path)})
+    for batch in batches:
+        step(*batch)
+    assert not fusion.active() and step.compile_count == 1
+    got = weights(g, d)
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_only_the_first_fused_block_of_a_process_warms_up(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fusion, "_STARTED", False)
+    monkeypatch.setattr(fusion, "_warm_up", lambda: calls.append(fusion.active()))
+    here = os.getcwd()
+    with fusion.fused():
+        assert os.getcwd() == os.environ[fusion.CACHE_ENV]  # MindSpore's compile process starts here
+    with fusion.fused():
+        assert os.getcwd() == here  # later blocks leave the working directory alone
+    assert calls == [True] and os.getcwd() == here and not fusion.active()
