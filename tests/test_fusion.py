@@ -112,3 +112,5 @@ def test_only_the_first_fused_block_of_a_process_warms_up(monkeypatch):
     with fusion.fused():
         assert os.getcwd() == here  # later blocks leave the working directory alone
     assert calls == [True] and os.getcwd() == here and not fusion.active()
+    # AKG finds its own tiling repository there (else it prints a line per kernel and ignores it)
+    assert os.path.isfile(os.path.join(os.environ[fusion.WHITE_LIST_ENV], "repository_cpu.json"))
