@@ -67,6 +67,8 @@ def test_fuse_is_validated_and_a_missing_compiler_dependency_names_the_fix(monke
     opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
     with pytest.raises(TypeError, match=r"optimize\['fuse'\]"):
         TrainStep.from_net(net, nn.MSELoss(), opt, optimize={"fuse": "yes"})
+    with pytest.raises(ValueError, match=r"optimize\['fuse'\].*jit=True"):
+        TrainStep.from_net(net, nn.MSELoss(), opt, optimize={"fuse": True}, jit=False)
     monkeypatch.setitem(sys.modules, "decorator", None)  # `import decorator` now raises ImportError
     with pytest.raises(ImportError, match="pip install decorator"):
         TrainStep.from_net(net, nn.MSELoss(), opt, optimize={"fuse": True})

@@ -283,7 +283,7 @@ class GANStep:
         check_bool("jit", jit)
         from .step import _check_optimize
 
-        optimize = _check_optimize(optimize)
+        optimize = _check_optimize(optimize, jit)
         check_choice("compiler", compiler, _compile.COMPILERS, "Use 'cell' (default) or 'function'.")
         if not isinstance(name, str) or not name.isidentifier():
             raise bad_value("name", name, "a Python identifier such as 'gan'", "Pick a short prefix.")

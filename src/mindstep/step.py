@@ -34,8 +34,9 @@ _UNSET = object()  # loss_scale not given: the precision level picks the default
 _OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force", "share", "fuse")
 
 
-def _check_optimize(optimize: Any) -> dict | None:
-    """`optimize=` as None (off) or a dict of the pass's settings."""
+def _check_optimize(optimize: Any, jit: bool = True) -> dict | None:
+    """`optimize=` as None (off) or a dict of the pass's settings; `jit`: the step's own setting (a
+    PyNative step runs its ops one by one: there is nothing to fuse)."""
     if isinstance(optimize, bool):
         return {} if optimize else None
     if not isinstance(optimize, dict):
@@ -55,6 +56,10 @@ def _check_optimize(optimize: Any) -> dict | None:
     for key in ("measure", "share", "fuse"):
         if key in optimize:
             check_bool(f"optimize[{key!r}]", optimize[key])
+    if optimize.get("fuse") and not jit:
+        raise bad_value("optimize['fuse']", True, "False with jit=False",
+                        "Graph-kernel fusion fuses the kernels of a compiled step; PyNative (jit=False) runs "
+                        "its ops one by one. Drop 'fuse', or build the step with jit=True.")
     if optimize.get("fuse"):
         from .optimize.fusion import check_available
 
@@ -198,7 +203,7 @@ class TrainStep:
         check_bool("jit", jit)
         check_bool("guards", guards)
         check_bool("debug", debug)
-        optimize = _check_optimize(optimize)
+        optimize = _check_optimize(optimize, jit)
         check_choice("compiler", compiler, _compile.COMPILERS,
                      "Use 'cell' (GRAPH_MODE Cell, the default) or 'function' (mindspore.jit).")
         if not isinstance(name, str) or not _NAME_RE.match(name):
