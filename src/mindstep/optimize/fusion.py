@@ -30,7 +30,9 @@ whose decisions came from the cache measured no probes, so it hit this.)
 
 Each process compiles its fused kernels afresh (BERT's first call 10.9-20.8 s against 5.9 unfused)
 into a temporary directory of its own, removed at exit (MindSpore keeps them under
-`MS_COMPILER_CACHE_PATH`; one you set yourself is used as it is). MindSpore's kernel-compile process,
+`MS_COMPILER_CACHE_PATH`; one you set yourself is used as it is). Reusing a directory an earlier
+process had filled cut the compile to 6.2-7.0 s but the steps ran slower, alternating runs of the
+same forced BERT step: fresh 50.1 and 54.9 ms (medians of 17 steps), reused 67.2 and 69.3. MindSpore's kernel-compile process,
 started by the process's first fused compile, writes a log (`dsa_transfrom.log`) into its working
 directory: the first `fused` block runs in the kernel directory (and changes back after), so the
 process starts there and nothing lands in the user's directory. Only that first block moves the
