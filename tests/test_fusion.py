@@ -116,3 +116,15 @@ def test_only_the_first_fused_block_of_a_process_warms_up(monkeypatch):
     assert calls == [True] and os.getcwd() == here and not fusion.active()
     # AKG finds its own tiling repository there (else it prints a line per kernel and ignores it)
     assert os.path.isfile(os.path.join(os.environ[fusion.WHITE_LIST_ENV], "repository_cpu.json"))
+
+
+def test_env_says_whether_graph_kernels_can_fuse(monkeypatch, capsys):
+    from mindstep.cli import main
+
+    assert main(["env", "--no-run-check"]) == 0
+    assert "graph kernels yes" in capsys.readouterr().out
+    monkeypatch.setitem(sys.modules, "decorator", None)
+    assert main(["env", "--no-run-check", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["graph_kernels"] == {"usable": False, "detail": "MindSpore's graph-kernel compiler needs the "
+                                       "`decorator` package: pip install decorator"}

@@ -67,6 +67,10 @@ def report(run_check: bool = True, peak: bool = False) -> dict:
         "memory_gb": round(mem.total / 2**30, 1),
         "memory_available_gb": round(mem.available / 2**30, 1),
     }
+    from .optimize.fusion import availability
+
+    fusable, why = availability()
+    info["graph_kernels"] = {"usable": fusable, "detail": why}
     if peak:
         from .bench.worker import PEAK_METHOD, measure_peak_gflops
 
@@ -103,6 +107,8 @@ def render(info: dict) -> str:
         g = info["gemm_peak"]
         lines.append(f"GEMM peak     {g['gflops']} GFLOP/s fp32 on {g['device']} ({g['method']})")
     lines.append(f"memory        {info['memory_gb']} GiB ({info['memory_available_gb']} GiB available)")
+    gk = info["graph_kernels"]
+    lines.append(f"graph kernels {'yes' if gk['usable'] else 'no '}  {gk['detail']}")
     if "run_check" in info:
         rc = info["run_check"]
         lines.append(f"run_check     {'passed' if rc['passed'] else 'FAILED'}: {rc['detail']}")

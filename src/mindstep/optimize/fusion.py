@@ -87,6 +87,17 @@ def check_available() -> None:
                           "(`pip install decorator`; mindstep's own dependencies include it), or drop 'fuse'.") from None
 
 
+def availability() -> tuple[bool, str]:
+    """(usable, why) for `mindstep env`: AKG in the MindSpore install and the `decorator` package."""
+    if not os.path.isdir(_akg_config_dir()):
+        return False, "this MindSpore install has no graph-kernel compiler (AKG)"
+    try:
+        check_available()
+    except ImportError:
+        return False, "MindSpore's graph-kernel compiler needs the `decorator` package: pip install decorator"
+    return True, "MindSpore's AKG with the decorator package: optimize={'fuse': True} can fuse"
+
+
 @contextlib.contextmanager
 def fused():
     """Compile (and run) with graph-kernel fusion inside the block; the flag is restored after."""
