@@ -61,9 +61,7 @@ def _check_optimize(optimize: Any, jit: bool = True) -> dict | None:
                         "Graph-kernel fusion fuses the kernels of a compiled step; PyNative (jit=False) runs "
                         "its ops one by one. Drop 'fuse', or build the step with jit=True.")
     if optimize.get("fuse"):
-        from .optimize.fusion import check_available
-
-        check_available()
+        _fusion.check_available()
     if "force" in optimize:
         check_force(optimize["force"])
     return dict(optimize)
