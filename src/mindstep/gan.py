@@ -416,11 +416,10 @@ class GANStep:
                                                                               inputs=tensors)
 
     def _fusion(self):
-        """Graph-kernel fusion around the pass and the compiles with `optimize={'fuse': True}`
-        (`mindstep.optimize.fusion`), else a block that changes nothing."""
+        """The block the pass, the compiles and the calls run in (`mindstep.optimize.fusion`)."""
         from .optimize import fusion
 
-        return fusion.maybe(bool(self.optimize and self.optimize.get("fuse")))
+        return fusion.for_settings(self.optimize)
 
     def _runner(self, phase: str) -> _compile.Runner:
         if phase not in self._runners:

@@ -56,11 +56,11 @@ def _check_optimize(optimize: Any, jit: bool = True) -> dict | None:
     for key in ("measure", "share", "fuse"):
         if key in optimize:
             check_bool(f"optimize[{key!r}]", optimize[key])
-    if optimize.get("fuse") and not jit:
-        raise bad_value("optimize['fuse']", True, "False with jit=False",
-                        "Graph-kernel fusion fuses the kernels of a compiled step; PyNative (jit=False) runs "
-                        "its ops one by one. Drop 'fuse', or build the step with jit=True.")
     if optimize.get("fuse"):
+        if not jit:
+            raise bad_value("optimize['fuse']", True, "False with jit=False",
+                            "Graph-kernel fusion fuses the kernels of a compiled step; PyNative (jit=False) runs "
+                            "its ops one by one. Drop 'fuse', or build the step with jit=True.")
         _fusion.check_available()
     if "force" in optimize:
         check_force(optimize["force"])
@@ -434,9 +434,8 @@ class TrainStep:
         return compiled
 
     def _fusion(self):
-        """The block the pass, the compiles and the calls run in: graph-kernel fusion on with
-        `optimize={'fuse': True}` (see `mindstep.optimize.fusion`), else nothing."""
-        return _fusion.maybe(bool(self.optimize and self.optimize.get("fuse")))
+        """The block the pass, the compiles and the calls run in (`mindstep.optimize.fusion`)."""
+        return _fusion.for_settings(self.optimize)
 
     def __call__(self, *batch) -> dict:
         """Run one training step on `batch` and return the metrics dict."""

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -125,7 +126,10 @@ def fused():
             os.chdir(here)
 
 
+@functools.lru_cache(maxsize=None)
 def _akg_config_dir() -> str:
+    """AKG's config directory in the MindSpore install (computed once: `fused` runs around every call
+    of a fused step)."""
     import mindspore
 
     return os.path.join(os.path.dirname(os.path.realpath(mindspore.__file__)), "_akg", "akg", "config")
@@ -152,3 +156,9 @@ def _warm_up() -> None:
 def maybe(on: bool):
     """`fused()` when `on`, else a block that changes nothing."""
     return fused() if on else contextlib.nullcontext()
+
+
+def for_settings(optimize: dict | None):
+    """The block a step's pass, compiles and calls run in, from its `optimize=` settings (None: the
+    pass is off): `fused()` with `{'fuse': True}`, else a block that changes nothing."""
+    return maybe(bool(optimize and optimize.get("fuse")))
