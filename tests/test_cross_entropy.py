@@ -1,4 +1,4 @@
-"""Composed cross-entropy (`mindstep.optimize.cross_entropy`): equals nn.CrossEntropyLoss (loss and
+"""Composed cross-entropy (`mindstep.optimize.cross_entropy`): each form equals nn.CrossEntropyLoss (loss and
 logits gradient, PyNative and GRAPH_MODE, 'mean' and 'sum', ignored labels, float16 logits, a batch of
 only ignored labels); other inputs run the original loss; unsupported settings stay native and say
 why; the pass reaches a loss Cell that forward uses (`TrainStep.from_net` holds it so it can be
@@ -35,11 +35,12 @@ def _batch(rows=12, classes=7, ignore=-100, dtype=np.float32, seed=0):
     return ms.Tensor((4.0 * rng.standard_normal((rows, classes))).astype(dtype)), ms.Tensor(labels)
 
 
-def _both(native, logits, labels, graph):
+def _both(native, logits, labels, graph, form="composed"):
     if graph:
         ms.set_context(mode=ms.GRAPH_MODE)
     try:
-        return [[t.asnumpy() for t in _Grad(loss)(logits, labels)] for loss in (native, ComposedCrossEntropy(native))]
+        return [[t.asnumpy() for t in _Grad(loss)(logits, labels)]
+                for loss in (native, ComposedCrossEntropy(native, form))]
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
 
@@ -47,21 +48,23 @@ def _both(native, logits, labels, graph):
 @pytest.mark.parametrize("reduction, ignore", [("mean", -100), ("sum", -100), ("mean", 0)],
                          ids=["mean", "sum", "ignore0"])
 @pytest.mark.parametrize("graph", [False, True], ids=["pynative", "graph"])
-def test_composed_cross_entropy_equals_native_loss_and_logits_gradient(reduction, ignore, graph):
+@pytest.mark.parametrize("form", cross_entropy.FORMS)
+def test_composed_cross_entropy_equals_native_loss_and_logits_gradient(reduction, ignore, graph, form):
     native = nn.CrossEntropyLoss(ignore_index=ignore, reduction=reduction)
     logits, labels = _batch(ignore=ignore)
-    (loss_n, grad_n), (loss_c, grad_c) = _both(native, logits, labels, graph)
+    (loss_n, grad_n), (loss_c, grad_c) = _both(native, logits, labels, graph, form)
     np.testing.assert_allclose(loss_c, loss_n, rtol=1e-6)
     np.testing.assert_allclose(grad_c, grad_n, rtol=1e-5, atol=1e-7)
     assert not grad_c[[1, 5]].any()  # the ignored rows get no gradient
 
 
-def test_float16_logits_are_computed_in_float32_and_the_loss_comes_back_in_float16():
+@pytest.mark.parametrize("form", cross_entropy.FORMS)
+def test_float16_logits_are_computed_in_float32_and_the_loss_comes_back_in_float16(form):
     native = nn.CrossEntropyLoss()
     logits, labels = _batch(rows=64, classes=50, dtype=np.float16)
-    composed = ComposedCrossEntropy(native)
+    composed = ComposedCrossEntropy(native, form)
     assert composed(logits, labels).dtype == ms.float16
-    (loss_n, grad_n), (loss_c, grad_c) = _both(native, logits, labels, graph=True)
+    (loss_n, grad_n), (loss_c, grad_c) = _both(native, logits, labels, True, form)
     assert grad_c.dtype == np.float16
     x, y = logits.asnumpy().astype(np.float64), labels.asnumpy()
     kept = y != -100
@@ -70,10 +73,11 @@ def test_float16_logits_are_computed_in_float32_and_the_loss_comes_back_in_float
     assert abs(float(loss_c) - want) <= max(1.05 * abs(float(loss_n) - want), 2e-3 * abs(want))
 
 
-def test_a_batch_of_only_ignored_labels_gives_nan_like_native():
+@pytest.mark.parametrize("form", cross_entropy.FORMS)
+def test_a_batch_of_only_ignored_labels_gives_nan_like_native(form):
     logits, _ = _batch()
     labels = ms.Tensor(np.full(12, -100, np.int32))
-    (loss_n, _), (loss_c, grad_c) = _both(nn.CrossEntropyLoss(), logits, labels, graph=True)
+    (loss_n, _), (loss_c, grad_c) = _both(nn.CrossEntropyLoss(), logits, labels, True, form)
     assert np.isnan(loss_n) and np.isnan(loss_c)
 
 
@@ -120,15 +124,16 @@ def test_a_loss_cell_called_directly_is_reported_not_rewritten(tmp_path):
 
 def test_measured_with_labels_and_a_scalar_output(tmp_path):
     row = decide.measure_kind(cross_entropy, nn.CrossEntropyLoss(), (32, 20), ms.float32)
-    assert set(row["times"]) == {"native", "composed"} and row["choice"] in ("native", "composed")
-    assert "left out" not in row["reason"]  # the composed loss and gradient matched native's
+    assert set(row["times"]) == {"native", *cross_entropy.FORMS} and row["choice"] in row["times"]
+    assert "left out" not in row["reason"]  # every form's loss and gradient matched native's
 
 
-def _training(rewrite_it: bool, tmp_path):
+def _training(rewrite_it, tmp_path):
+    """`rewrite_it`: False (native), or the form the loss is forced to."""
     ms.set_seed(0)
     net = nn.SequentialCell(nn.Dense(6, 16), nn.ReLU(), nn.Dense(16, 30))
     loss = nn.CrossEntropyLoss()
-    settings = {"force": {"*": "composed"}, "cache_dir": str(tmp_path)} if rewrite_it else False
+    settings = {"force": {"*": rewrite_it}, "cache_dir": str(tmp_path)} if rewrite_it else False
     step = TrainStep.from_net(net, loss, nn.Momentum(net.trainable_params(), 0.1, 0.9), optimize=settings)
     rng = np.random.default_rng(0)
     data = [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 30, 8).astype(np.int32))
@@ -137,10 +142,11 @@ def _training(rewrite_it: bool, tmp_path):
     return step, loss, losses, {p.name: p.asnumpy() for p in net.get_parameters()}
 
 
-def test_from_net_steps_train_to_the_same_parameters_with_the_loss_composed(tmp_path):
+@pytest.mark.parametrize("form", cross_entropy.FORMS)
+def test_from_net_steps_train_to_the_same_parameters_with_the_loss_composed(form, tmp_path):
     _, _, losses_n, params_n = _training(False, tmp_path)
-    step, loss, losses_c, params_c = _training(True, tmp_path)
-    assert [(r["layer"], r["choice"]) for r in step.optimize_report] == [("loss", "composed")]
+    step, loss, losses_c, params_c = _training(form, tmp_path)
+    assert [(r["layer"], r["choice"]) for r in step.optimize_report] == [("loss", form)]
     assert type(loss) is nn.CrossEntropyLoss  # the caller's loss Cell is left as it is
     assert losses_c[-1] < losses_c[0]  # it trains
     np.testing.assert_allclose(losses_c, losses_n, rtol=1e-5)

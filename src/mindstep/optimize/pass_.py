@@ -392,7 +392,7 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     `nn.LayerNorm` over the last axis (float32 or float16) -> elementwise kernels and matrix-vector
     products, both directions or the backward only (`mindstep.optimize.layernorm`), and
     `nn.CrossEntropyLoss` on 2-D logits -> `LogSoftmax` and a gather, with a softmax-and-scatter
-    backward (`mindstep.optimize.cross_entropy`; inside a Cell: a layer that is `net` itself stays); each
+    backward, or the rows' log-sum-exp from elementwise kernels and reductions (`mindstep.optimize.cross_entropy`; inside a Cell: a layer that is `net` itself stays); each
     chosen per layer configuration and input shape by timing the forms forward + backward on this
     device (cached on disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
@@ -413,7 +413,8 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             'one-gemm+native-fwd-dx' (MindSpore's own forward and input gradient, only the weight
             gradient by that GEMM; never chosen by measuring, see `decide`), 'composed' for GELU, 'composed'
             and 'native-fwd' (MindSpore's forward, the backward composed) for LayerNorm, 'composed'
-            for CrossEntropyLoss; a form a
+            and 'lse' (elementwise kernels and row reductions, for graph-kernel fusion) for
+            CrossEntropyLoss; a form a
             layer lacks gives the nearest it has, see `forced_form`): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
