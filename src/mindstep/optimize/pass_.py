@@ -392,7 +392,8 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     `nn.LayerNorm` over the last axis (float32 or float16) -> elementwise kernels and matrix-vector
     products, both directions or the backward only (`mindstep.optimize.layernorm`), and
     `nn.CrossEntropyLoss` on 2-D logits -> `LogSoftmax` and a gather, with a softmax-and-scatter
-    backward, or the rows' log-sum-exp from elementwise kernels and reductions (`mindstep.optimize.cross_entropy`; inside a Cell: a layer that is `net` itself stays); each
+    backward, or the rows' log-sum-exp from elementwise kernels and reductions
+    (`mindstep.optimize.cross_entropy`; inside a Cell: a layer that is `net` itself stays); each
     chosen per layer configuration and input shape by timing the forms forward + backward on this
     device (cached on disk, see `mindstep.optimize.decide`). On GPU/Ascend the layers stay native.
 
