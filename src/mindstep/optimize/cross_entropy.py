@@ -32,8 +32,9 @@ but leaves `LogSoftmax` and `Softmax` as they are:
 (the backward recomputes `lse`, and subtracts at the labels with one scatter as above). The bench
 BERT's head (a Dense 128 -> 1000 on 1024 rows, then the loss; forward + backward in GRAPH_MODE,
 medians of 80 calls, three processes, Intel Xeon family 6 model 167): fused, native 10.5-11.9 ms,
-"composed" 9.9-10.8, "lse" 8.7-9.9 (1.1-1.2 ms under "composed" in each process); unfused, "lse" is the slower one (native 27.2, "composed" 12.9, "lse" 15.0). The pass
-measures both forms, and fused decisions have a cache key of their own, so each setting gets its own.
+"composed" 9.9-10.8, "lse" 8.7-9.9 (1.1-1.2 ms under "composed" in each process); unfused, "lse" is
+the slower one (native 27.2, "composed" 12.9, "lse" 15.0). The pass measures both forms, and fused
+decisions have a cache key of their own, so each setting gets its own.
 """
 from __future__ import annotations
 
