@@ -1,4 +1,4 @@
-"""`nn.LayerNorm` over the last axis as elementwise kernels and matrix-vector products.
+"""`nn.LayerNorm` over the last axis as elementwise kernels and matrix-vector products (or reductions).
 
 Why: MindSpore 2.10's CPU `LayerNorm` and `LayerNormGrad` kernels are slow next to the elementwise
 and GEMM kernels the same arithmetic can be written in. On an AMD EPYC family 23 model 1 (Zen 1,
@@ -22,6 +22,15 @@ input shape and keeps a form only when it is `decide.KIND_MARGIN` faster: on a C
 kernels were level (an AMD EPYC with AVX-512, bench BERT: 2.25 vs 2.14 ms per layer) the layers stay
 native, and the step keeps their memory.
 
+A third form, ``"reduce"``, is the same arithmetic with the row means and the column sums taken by
+reduction kernels (`ReduceMean`, `ReduceSum`) instead of matrix-vector products: graph-kernel fusion
+(`optimize={'fuse': True}`) fuses reductions with the elementwise kernels around them, where each
+product is a `MatMul` launch of its own (the composed bench BERT step ran 24 of its 51 `MatMul`s for
+its four LayerNorms). A Dense + residual + LayerNorm block at (16, 64, 128), forward + backward in
+GRAPH_MODE, medians of 60 interleaved calls, Intel Xeon family 6 model 167: fused, native 4.38 and
+4.49 ms in two processes, "composed" 2.60 and 2.73, "reduce" 2.18 and 2.25; unfused native 5.11,
+"composed" 5.39, "reduce" 4.82.
+
 Only the common case is composed: one normalised axis, the last, with gamma and beta over it, float32
 or float16 input (the arithmetic then runs in float32 and the results are cast back).
 """
@@ -33,10 +42,12 @@ from mindspore import dtype as mstype
 
 from .._errors import bad_value
 
-FORMS = ("composed", "native-fwd")
-FORMULATION = "layernorm-3"  # bumped whenever a composed form changes (see `decide.FORMULATION`)
+FORMS = ("composed", "native-fwd", "reduce")
+FORMULATION = "layernorm-4"  # bumped whenever a composed form changes (see `decide.FORMULATION`)
 
 _MM = ops.MatMul()
+_ROW_MEAN = ops.ReduceMean(keep_dims=True)
+_COLUMN_SUM = ops.ReduceSum(keep_dims=False)
 
 
 class _LayerNormFn(nn.Cell):
@@ -76,6 +87,27 @@ class _LayerNormFn(nn.Cell):
         return ops.cast(dx.reshape(x.shape), x.dtype), ops.cast(dgamma, gamma.dtype), ops.cast(dbeta, beta.dtype)
 
 
+class _ReducedLayerNormFn(_LayerNormFn):
+    """`_LayerNormFn` (composed forward) with its means and sums by reduction kernels (the "reduce"
+    form, see the module docstring). A class of its own, not a flag: a branch inside a custom bprop
+    does not compile in MindSpore 2.10 (see `conv._correlate_t`)."""
+
+    def _normalised(self, x2):
+        xc = x2 - _ROW_MEAN(x2, -1)
+        return xc, ops.rsqrt(_ROW_MEAN(xc * xc, -1) + self.epsilon)
+
+    def bprop(self, x, gamma, beta, out, dout):
+        f32 = mstype.float32
+        xc, rstd = self._normalised(ops.cast(x, f32).reshape(-1, self.width))
+        dy = ops.cast(dout, f32).reshape(-1, self.width)
+        xhat = xc * rstd
+        g = dy * ops.cast(gamma, f32)
+        dx = rstd * (g - _ROW_MEAN(g, -1) - xhat * _ROW_MEAN(g * xhat, -1))
+        dgamma = _COLUMN_SUM(dy * xhat, 0).reshape(gamma.shape)
+        dbeta = _COLUMN_SUM(dy, 0).reshape(beta.shape)
+        return ops.cast(dx.reshape(x.shape), x.dtype), ops.cast(dgamma, gamma.dtype), ops.cast(dbeta, beta.dtype)
+
+
 class ComposedLayerNorm(nn.Cell):
     """An `nn.LayerNorm` over the last axis in one of `FORMS`; keeps the layer's own `gamma` and `beta`
     Parameters (identity and names), the same function within float tolerance."""
@@ -84,11 +116,13 @@ class ComposedLayerNorm(nn.Cell):
         super().__init__(auto_prefix=False)  # auto_prefix would rename the layer's Parameters
         if form not in FORMS:
             raise bad_value("form", form, f"one of {FORMS}",
-                            "Use 'composed' (forward and backward composed) or 'native-fwd' (MindSpore's "
-                            "forward, the backward composed), or omit `form`.")
+                            "Use 'composed' (forward and backward composed), 'native-fwd' (MindSpore's "
+                            "forward, the backward composed) or 'reduce' (composed, with reduction kernels), "
+                            "or omit `form`.")
         self.form = form
         self.gamma, self.beta = layer.gamma, layer.beta
-        self.fn = _LayerNormFn(int(layer.normalized_shape[0]), float(layer.epsilon), form == "native-fwd")
+        fn = _ReducedLayerNormFn if form == "reduce" else _LayerNormFn
+        self.fn = fn(int(layer.normalized_shape[0]), float(layer.epsilon), form == "native-fwd")
 
     def construct(self, x):  # as nn.LayerNorm: gamma and beta in the input's float type
         return self.fn(x, self.gamma.astype(x.dtype), self.beta.astype(x.dtype))

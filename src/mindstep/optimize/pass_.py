@@ -390,7 +390,7 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
     weight-gradient kernel (see `mindstep.optimize.conv`), `nn.GELU` (float32 or float16)
     -> elementwise kernels in float32 with a recomputing backward (`mindstep.optimize.gelu`), and
     `nn.LayerNorm` over the last axis (float32 or float16) -> elementwise kernels and matrix-vector
-    products, both directions or the backward only (`mindstep.optimize.layernorm`), and
+    products or reductions, both directions or the backward only (`mindstep.optimize.layernorm`), and
     `nn.CrossEntropyLoss` on 2-D logits -> `LogSoftmax` and a gather, with a softmax-and-scatter
     backward, or the rows' log-sum-exp from elementwise kernels and reductions
     (`mindstep.optimize.cross_entropy`; inside a Cell: a layer that is `net` itself stays); each
@@ -412,10 +412,10 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
             'batched', 'one-gemm', 'batched+phases', 'one-gemm+phases' for convs, each also with
             '+native-dw' (MindSpore's own weight-gradient kernel), 'batched+native-fwd-dx' and
             'one-gemm+native-fwd-dx' (MindSpore's own forward and input gradient, only the weight
-            gradient by that GEMM; never chosen by measuring, see `decide`), 'composed' for GELU, 'composed'
-            and 'native-fwd' (MindSpore's forward, the backward composed) for LayerNorm, 'composed'
-            and 'lse' (elementwise kernels and row reductions, for graph-kernel fusion) for
-            CrossEntropyLoss; a form a
+            gradient by that GEMM; never chosen by measuring, see `decide`), 'composed' for GELU,
+            'composed', 'native-fwd' (MindSpore's forward, the backward composed) and 'reduce'
+            (composed with reduction kernels) for LayerNorm, 'composed' and 'lse' (elementwise
+            kernels and row reductions, for graph-kernel fusion) for CrossEntropyLoss; a form a
             layer lacks gives the nearest it has, see `forced_form`): those layers take that
             form without measuring, e.g. for tests that need a given table (`{'*': 'one-gemm'}`).
         share: let a layer take the decision of a measured layer of the same geometry whose channel
