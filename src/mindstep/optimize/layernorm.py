@@ -25,8 +25,8 @@ native, and the step keeps their memory.
 A third form, ``"reduce"``, is the same arithmetic with the row means and the column sums taken by
 reduction kernels (`ReduceMean`, `ReduceSum`) instead of matrix-vector products: graph-kernel fusion
 (`optimize={'fuse': True}`) fuses reductions with the elementwise kernels around them, where each
-product is a `MatMul` launch of its own (the composed bench BERT step ran 24 of its 51 `MatMul`s for
-its four LayerNorms). A Dense + residual + LayerNorm block at (16, 64, 128), forward + backward in
+product is a `MatMul` launch of its own (the fused bench BERT step, "composed", ran 24 of its 51
+`MatMul`s for its four LayerNorms). A Dense + residual + LayerNorm block at (16, 64, 128), forward + backward in
 GRAPH_MODE, medians of 60 interleaved calls, Intel Xeon family 6 model 167: fused, native 4.38 and
 4.49 ms in two processes, "composed" 2.60 and 2.73, "reduce" 2.18 and 2.25; unfused native 5.11,
 "composed" 5.39, "reduce" 4.82.
