@@ -60,10 +60,18 @@ class _LayerNormFn(nn.Cell):
         self.norm = ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=epsilon)
         self.mean_vec = Tensor(np.full((width, 1), 1.0 / width, np.float32))
 
+    def _row_mean(self, v):
+        """The (rows, 1) means of the (rows, width) matrix `v`: a product with a vector of 1/width."""
+        return _MM(v, self.mean_vec)
+
+    def _column_sum(self, v):
+        """The (1, width) sums of the (rows, width) matrix `v`: a vector of ones times it."""
+        return _MM(ops.ones((1, v.shape[0]), v.dtype), v)
+
     def _normalised(self, x2):
         """(x - mean) and 1/std of the (rows, width) float32 matrix `x2`, per row."""
-        xc = x2 - _MM(x2, self.mean_vec)
-        return xc, ops.rsqrt(_MM(xc * xc, self.mean_vec) + self.epsilon)
+        xc = x2 - self._row_mean(x2)
+        return xc, ops.rsqrt(self._row_mean(xc * xc) + self.epsilon)
 
     def construct(self, x, gamma, beta):
         if self.native_forward:
@@ -80,10 +88,9 @@ class _LayerNormFn(nn.Cell):
         dy = ops.cast(dout, f32).reshape(-1, self.width)
         xhat = xc * rstd
         g = dy * ops.cast(gamma, f32)
-        dx = rstd * (g - _MM(g, self.mean_vec) - xhat * _MM(g * xhat, self.mean_vec))
-        ones = ops.ones((1, dy.shape[0]), f32)
-        dgamma = _MM(ones, dy * xhat).reshape(gamma.shape)
-        dbeta = _MM(ones, dy).reshape(beta.shape)
+        dx = rstd * (g - self._row_mean(g) - xhat * self._row_mean(g * xhat))
+        dgamma = self._column_sum(dy * xhat).reshape(gamma.shape)
+        dbeta = self._column_sum(dy).reshape(beta.shape)
         return ops.cast(dx.reshape(x.shape), x.dtype), ops.cast(dgamma, gamma.dtype), ops.cast(dbeta, beta.dtype)
 
 
@@ -92,20 +99,11 @@ class _ReducedLayerNormFn(_LayerNormFn):
     form, see the module docstring). A class of its own, not a flag: a branch inside a custom bprop
     does not compile in MindSpore 2.10 (see `conv._correlate_t`)."""
 
-    def _normalised(self, x2):
-        xc = x2 - _ROW_MEAN(x2, -1)
-        return xc, ops.rsqrt(_ROW_MEAN(xc * xc, -1) + self.epsilon)
+    def _row_mean(self, v):
+        return _ROW_MEAN(v, -1)
 
-    def bprop(self, x, gamma, beta, out, dout):
-        f32 = mstype.float32
-        xc, rstd = self._normalised(ops.cast(x, f32).reshape(-1, self.width))
-        dy = ops.cast(dout, f32).reshape(-1, self.width)
-        xhat = xc * rstd
-        g = dy * ops.cast(gamma, f32)
-        dx = rstd * (g - _ROW_MEAN(g, -1) - xhat * _ROW_MEAN(g * xhat, -1))
-        dgamma = _COLUMN_SUM(dy * xhat, 0).reshape(gamma.shape)
-        dbeta = _COLUMN_SUM(dy, 0).reshape(beta.shape)
-        return ops.cast(dx.reshape(x.shape), x.dtype), ops.cast(dgamma, gamma.dtype), ops.cast(dbeta, beta.dtype)
+    def _column_sum(self, v):
+        return _COLUMN_SUM(v, 0)
 
 
 class ComposedLayerNorm(nn.Cell):
