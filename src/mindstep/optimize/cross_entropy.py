@@ -178,6 +178,7 @@ def probe_args(loss: nn.CrossEntropyLoss, shape: tuple) -> tuple:
 
 
 def extra_mb(shape: tuple) -> float:
-    """Extra memory (MB, fp32) the composed form may add to a step, as an upper bound: the forward's
-    log-probabilities and the backward's softmax, two arrays of the logits' size."""
+    """Extra memory (MB, fp32) either form may add to a step, as an upper bound: two arrays of the
+    logits' size ("composed": the forward's log-probabilities and the backward's softmax; "lse": the
+    exponentials each direction computes)."""
     return 4.0 * 2 * int(np.prod(shape)) / 2**20
