@@ -11,7 +11,8 @@ from mindspore import nn
 
 from mindstep import TrainStep
 from mindstep.optimize import GemmConv2d, optimize
-from mindstep.optimize.conv import NATIVE_DW, NATIVE_FWD_DX, conv_pads, dw_forms, forms_for, fx_forms, matmul_only
+from mindstep.optimize.conv import (NATIVE_DW, NATIVE_FWD_DX, conv_pads, dw_forms, forms_for, fx_forms, layer_forms,
+                                    matmul_only)
 
 GRID = [
     # (cin, cout, kernel, stride, pad_mode, padding, dilation, bias, hw)
@@ -220,6 +221,38 @@ def test_input_gradient_uses_exact_padding_unless_padding_exceeds_the_kernel():
     # strided, undilated layers compute dX by stride phases (the 1x1 stride-2 one: 3 of 4 phases empty)
     assert fn(3, 2, 1, 8, "one-gemm+phases").by_phase and not fn(3, 2, 1, 8, "one-gemm").by_phase
     assert [type(p).__name__ for p in fn(1, 2, 0, 8, "batched+phases").phases] == ["_PhaseGrad"] + ["_PhaseZero"] * 3
+
+
+def test_the_weight_gradient_comes_from_the_output_gradients_columns_only_where_the_input_gradient_is_taken():
+    """A layer whose input gradient is taken unfolds dY for it; its weight gradient reads those columns
+    instead of unfolding x again. A stem (input_grad=False) would unfold dY for the weight gradient
+    alone, K/C times x's columns, so it keeps x's; the "+phases", cropped and per-direction forms have
+    no full columns of dY to share."""
+    def fn(k, s, pad, hw, form="batched", input_grad=True):
+        return GemmConv2d(make_conv(4, 6, k, s, "pad", pad, 1, False), (hw, hw), form, input_grad).fn
+    assert fn(3, 1, 1, 8).dw_from_dy and fn(3, 2, 1, 8, "one-gemm").dw_from_dy
+    assert not fn(3, 1, 1, 8, input_grad=False).dw_from_dy
+    assert not fn(3, 2, 1, 8, "one-gemm+phases").dw_from_dy
+    assert not fn(1, 1, 1, 5).dw_from_dy  # cropped
+    assert not fn(3, 1, 1, 8, "batched" + NATIVE_DW).dw_from_dy
+    assert not fn(3, 1, 1, 8, "one-gemm" + NATIVE_FWD_DX).dw_from_dy
+
+
+@pytest.mark.parametrize("form", ["batched", "one-gemm"])
+@pytest.mark.parametrize("case", [GRID[i] for i in (0, 2, 5, 8, 12)],
+                         ids=lambda c: f"{c[0]}-{c[1]}-k{c[2]}-s{c[3]}-{c[4]}{c[5]}-d{c[6]}-{c[8]}px")
+def test_a_layer_built_without_input_gradient_still_equals_native(case, form):
+    """input_grad=False only changes where the weight gradient's columns come from (x's): the
+    gradients, the input gradient included if one is taken after all, are native's."""
+    *conf, hw = case
+    conv = make_conv(*conf)
+    if form not in layer_forms(conv, (hw, hw)):
+        pytest.skip(f"{form} is not a form of this layer")
+    gemm = GemmConv2d(conv, (hw, hw), form, input_grad=False)
+    assert gemm.fn is None or not gemm.fn.dw_from_dy
+    x = ms.Tensor(np.random.default_rng(1).standard_normal((3, conf[0], hw, hw)).astype(np.float32))
+    r = ms.Tensor(np.random.default_rng(2).standard_normal(conv(x).shape).astype(np.float32))
+    assert_matches_native(conv, gemm, x, r, graph=True)
 
 
 def test_rewrite_keeps_parameter_identity_order_and_names(tmp_path):
@@ -1007,7 +1040,7 @@ from mindstep._context import graph_mode
 from mindstep.optimize.conv import GemmConv2d
 form, hw, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 conv = nn.Conv2d(3, 64, 7, 2, pad_mode="pad", padding=3, has_bias=False)
-layer = conv if form == "native" else GemmConv2d(conv, (hw, hw), form)
+layer = conv if form == "native" else GemmConv2d(conv, (hw, hw), form, input_grad=False)  # as the pass builds it
 class Stem(nn.Cell):
     def __init__(self):
         super().__init__(auto_prefix=False)

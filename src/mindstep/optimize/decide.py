@@ -27,7 +27,7 @@ from .memory import extra_mb
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
 # Bumped whenever the composed forms change, so cached decisions measured on old code are not reused.
-FORMULATION = "gemmconv-21"
+FORMULATION = "gemmconv-22"
 # A form that needs more memory must be this much faster than the leaner one to be chosen: a layer
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
@@ -547,14 +547,14 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     x, r = _inputs(shape, out_shape(conv, shape), dtype)
     forms, lead = timed_forms(conv, shape, input_grad)
     hw = (shape[2], shape[3])
-    composed = {form: GemmConv2d(conv, hw, form) for form in forms}
+    composed = {form: GemmConv2d(conv, hw, form, input_grad) for form in forms}
     memory = {"native": 0.0, **{f: extra_mb(conv, shape, f, input_grad) for f in forms}}
 
     def per_direction(form: str) -> dict:
         """The form with MindSpore's own weight-gradient kernel instead of its GEMM (one more probe,
         not one per form: the forms differ in their forward and input gradient)."""
         variant = form + NATIVE_DW
-        return {variant: GemmConv2d(conv, hw, variant)} if variant in dw_forms(conv, hw) else {}
+        return {variant: GemmConv2d(conv, hw, variant, input_grad)} if variant in dw_forms(conv, hw) else {}
 
     return compare(conv, composed, x, r, input_grad, memory, native_margin=CONV_MARGIN, refine=per_direction,
                    lead=lead)

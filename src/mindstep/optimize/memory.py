@@ -13,7 +13,8 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
     """Extra memory (MB, fp32) a composed form may add to a training step, as an upper bound.
 
     The sum of the layer's temporaries, read off `_ConvFn`'s geometry: the forward's columns and
-    GEMM operands, the recomputed columns and the weight-gradient GEMM's operands, the stride-dilated
+    GEMM operands, the weight-gradient GEMM's operands (with the recomputed columns of x where it does
+    not take the input gradient's columns of dY, see `_ConvFn.dw_from_dy`), the stride-dilated
     and padded output gradient, the picked (flipped, transposed) kernel, and the input gradient's
     columns and GEMM outputs. Not all of them are alive at once (`_ConvFn.bprop` orders its work so
     that a layer's backward temporaries are freed before the next layer's backward), so the sum is
@@ -49,16 +50,22 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
         return 0.0 if l == 1 else 4.0 * n * l * (c + 2 * k + (c if input_grad else 0)) / 2**20
     if matmul_only(conv, (h, w)):
         return 0.0
-    fn = GemmConv2d(conv, (h, w), form).fn
+    fn = GemmConv2d(conv, (h, w), form, input_grad).fn
     k, kk = conv.out_channels, fn.kh * fn.kw
     l, ldx = fn.ho * fn.wo, fn.dxh * fn.dxw
     one = form.startswith("one-gemm")
     # forward: the columns (one-gemm: and their batch-folded copy, and the unfolded output; batched:
     # the kernel broadcast over the batch)
     total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
-    total += _dw_elements(n, c, k, c, kk, l, one)             # backward: the weight gradient's GEMM
+    if fn.dw_from_dy:
+        # backward: the weight gradient's GEMM with the input gradient's columns (counted below) and
+        # x itself: one-gemm x batch-folded, batched the per-sample products; the (K*taps, C) result,
+        # the tap map over K and dW in kernel order
+        total += (c * n * ldx if one else n * k * kk * c) + 2 * k * kk * c + k * kk * kk
+    else:
+        total += _dw_elements(n, c, k, c, kk, l, one)         # backward: the weight gradient's GEMM
     if fn.pre_needed:
-        total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
+        total += (2 if not fn.dw_from_dy else 1) * n * c * fn.xp_hw[0] * fn.xp_hw[1]  # x padded, fwd (and bwd)
     if not input_grad:
         return 4.0 * total / 2**20
     if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave

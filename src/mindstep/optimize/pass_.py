@@ -311,7 +311,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                     # of each composed configuration (shared `_ConvFn`) also carries its compile memory
                     times = found.get("times", {})
                     fn_key = (cell.kernel_size, cell.stride, cell.dilation, conv_pads(cell, shape[2], shape[3]),
-                              tuple(shape[2:]))
+                              tuple(shape[2:]), input_grad)
                     first = fn_key not in configs
                     configs.add(fn_key)
                     row["options"] = {form: (ms_, 0.0 if form == "native" else round(
@@ -330,7 +330,7 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
         if row["choice"] != "native":
             kind = kind_of(cell)
             new = (kind.build(cell, row["choice"]) if kind is not None
-                   else GemmConv2d(cell, (shape[2], shape[3]), row["choice"]))
+                   else GemmConv2d(cell, (shape[2], shape[3]), row["choice"], shapes[id(cell)][2]))
             replace_cell(net, name, new)
     return table
 
