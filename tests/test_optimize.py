@@ -156,9 +156,11 @@ def test_rewritten_grouped_conv_equals_native_forward_and_all_gradients(case, gr
     rng = np.random.default_rng(0)
     x = ms.Tensor(rng.standard_normal((3, cin, hw, hw)).astype(np.float32))
     r = ms.Tensor(rng.standard_normal(conv(x).shape).astype(np.float32))
-    # the weight gradient by GEMM, or by MindSpore's kernel; or only the weight gradient by GEMM
-    for form in ("batched", "batched" + NATIVE_DW, "batched" + NATIVE_FWD_DX):
-        gemm = GemmConv2d(conv, (hw, hw), form)
+    # the weight gradient by GEMM (from dY's columns, or x's as for a layer whose input is the batch), or
+    # by MindSpore's kernel; or only the weight gradient by GEMM
+    for form, input_grad in (("batched", True), ("batched", False), ("batched" + NATIVE_DW, True),
+                             ("batched" + NATIVE_FWD_DX, True)):
+        gemm = GemmConv2d(conv, (hw, hw), form, input_grad)
         assert type(gemm.fn).__name__ == "_GroupedFn"
         assert (gemm.fn.native_dw, gemm.fn.native_fwd_dx) == (form.endswith(NATIVE_DW), form.endswith(NATIVE_FWD_DX))
         assert_matches_native(conv, gemm, x, r, graph)
@@ -236,6 +238,9 @@ def test_the_weight_gradient_comes_from_the_output_gradients_columns_only_where_
     assert not fn(1, 1, 1, 5).dw_from_dy  # cropped
     assert not fn(3, 1, 1, 8, "batched" + NATIVE_DW).dw_from_dy
     assert not fn(3, 1, 1, 8, "one-gemm" + NATIVE_FWD_DX).dw_from_dy
+    depthwise = nn.Conv2d(6, 6, 3, 1, pad_mode="pad", padding=1, group=6)
+    assert GemmConv2d(depthwise, (8, 8)).fn.dw_from_dy
+    assert not GemmConv2d(depthwise, (8, 8), "batched", input_grad=False).fn.dw_from_dy
 
 
 @pytest.mark.parametrize("form", ["batched", "one-gemm"])

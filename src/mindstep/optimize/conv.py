@@ -212,6 +212,18 @@ def _input_grad_kernel(w, tap_map):
     return _RESHAPE(_BMM_NT(picks, _RESHAPE(w, (k, c, kh * kw))), (k * taps, c))
 
 
+def _taps_to_kernel(dwt, tap_map, w_shape):
+    """A weight gradient computed in the input gradient's tap order, (K*taps, Cg) with row k*taps + t
+    for the flipped tap t (`_tap_map`), put back in kernel order (w_shape: K, Cg, kh, kw) by a batched
+    GEMM with the one-hot tap map (the inverse of `_input_grad_kernel`'s pick)."""
+    k, cg = w_shape[0], w_shape[1]
+    if tap_map is None:  # a 1x1 kernel: one tap, nothing flipped
+        return _RESHAPE(dwt, w_shape)
+    taps, kk = tap_map.shape
+    picks = ops.BroadcastTo((k, taps, kk))(ops.cast(tap_map, dwt.dtype))
+    return _RESHAPE(_BMM_TN(_RESHAPE(dwt, (k, taps, cg)), picks), w_shape)
+
+
 def _crop(x, box):
     """x[:, :, top:top+h, left:left+w] for box (top, left, h, w), with the `Slice` primitive:
     MindSpore 2.10's CPU `StridedSlice` (what indexing becomes) copied a 32x128x10x10 tensor in
@@ -467,21 +479,22 @@ class _ConvFn(nn.Cell):
         its (K*taps, C) result put back in kernel order by a batched GEMM with the one-hot tap map.
         Measured on an Intel Xeon (family 6 model 167, batch 4, 32 px, fwd+bwd GRAPH_MODE): 32->16 3x3
         6.9-7.1 -> 3.4-4.9 ms, 32->32 on 64x64 30.8-35.5 -> 22.4-23.3 ms (batched)."""
-        cols = _RESHAPE(self.z_im2col(self._dilated_dy(dout, n, k)), (n, -1, self.dxh * self.dxw))
+        cols = self._dy_columns(dout, n, k)
         xl = _RESHAPE(x, (n, c, self.dxh * self.dxw))
         wt = _input_grad_kernel(w, self.tap_map)  # (K*taps, C)
         if self.one_gemm:
             folded = _fold(cols)
-            dw = _MM_NT(folded, _fold(xl))
+            dwt = _MM_NT(folded, _fold(xl))
             dx = _unfold_batch(_MM_TN(wt, folded), n)
         else:
-            dw = _SUM(_BMM_NT(cols, xl), 0)
+            dwt = _SUM(_BMM_NT(cols, xl), 0)
             dx = _BMM_TN(ops.BroadcastTo((n,) + wt.shape)(wt), cols)
-        if self.tap_map is not None:  # (K*taps, C) -> (K, C, kh*kw): tap t back to kernel tap tau
-            taps, kk = self.tap_map.shape
-            picks = ops.BroadcastTo((k, taps, kk))(ops.cast(self.tap_map, dw.dtype))
-            dw = _BMM_TN(_RESHAPE(dw, (k, taps, c)), picks)
-        return _RESHAPE(dx, (n, c, self.dxh, self.dxw)), _RESHAPE(dw, w.shape)
+        return _RESHAPE(dx, (n, c, self.dxh, self.dxw)), _taps_to_kernel(dwt, self.tap_map, w.shape)
+
+    def _dy_columns(self, dout, n, k):
+        """The input gradient's columns: dY stride-dilated and padded (`_dilated_dy`), unfolded over the
+        input positions, (n, K*taps, dxh*dxw)."""
+        return _RESHAPE(self.z_im2col(self._dilated_dy(dout, n, k)), (n, -1, self.dxh * self.dxw))
 
     def _dx_by_phase(self, dout, w, n, c):
         outs = ()
@@ -524,15 +537,17 @@ def _group_correlate_t(im2col, xp, w4t, ho, wo):
 class _GroupedFn(_ConvFn):
     """`_ConvFn` for a grouped convolution (weights (K, C/G, kh, kw), depthwise included): the same
     geometry (pads, stride dilation of dY, crops), with every GEMM batched over the groups instead
-    of contracting all the channels. The weight gradient is, per sample and group, dY (Kg, L) times
-    the group's columns (Cg*k*k, L) transposed, summed over the samples; the input gradient
-    correlates the stride-dilated, padded dY with each group's kernel flipped and transposed by
-    `_input_grad_kernel`, as `_ConvFn` does."""
+    of contracting all the channels. The input gradient correlates the stride-dilated, padded dY
+    with each group's kernel flipped and transposed by `_input_grad_kernel`, as `_ConvFn` does; the
+    weight gradient is, per sample and group, those columns of dY (Kg*taps, L) times the group's x
+    (Cg, L) transposed (`dw_from_dy`), or else dY (Kg, L) times the group's columns of x
+    (Cg*k*k, L) transposed, summed over the samples."""
 
     def __init__(self, kernel, stride, dilation, pads, input_hw, native_dw: bool = False, group: int = 1,
-                 native_fwd_dx: bool = False, out_channel: int = 1):
+                 native_fwd_dx: bool = False, out_channel: int = 1, input_grad: bool = True):
         super().__init__(kernel, stride, dilation, pads, input_hw, one_gemm=False, by_phase=False,
-                         native_dw=native_dw, group=group, native_fwd_dx=native_fwd_dx, out_channel=out_channel)
+                         native_dw=native_dw, group=group, native_fwd_dx=native_fwd_dx, out_channel=out_channel,
+                         input_grad=input_grad)
 
     def construct(self, x, w):
         if self.native_fwd_dx:
@@ -552,6 +567,14 @@ class _GroupedFn(_ConvFn):
             x = ops.depend(x, dout)
         if self.native_dw:
             return self._dx(dout, w, n, g, k), self.dw_kernel(dout, x, w.shape)
+        if self.dw_from_dy:  # both gradients from one unfolding of dY, per group (see `_ConvFn._dx_dw_from_dy`)
+            ldx = self.dxh * self.dxw
+            cols = _RESHAPE(self._dy_columns(dout, n, k), (n, g, -1, ldx))        # (n, G, Kg*taps, Ldx)
+            wt = _RESHAPE(_input_grad_kernel(w, self.tap_map), (g, -1, cg))       # (G, Kg*taps, Cg)
+            dx = _BMM_TN(ops.BroadcastTo((n,) + wt.shape)(wt), cols)              # (n, G, Cg, Ldx)
+            dwt = _SUM(_BMM_NT(cols, _RESHAPE(x, (n, g, cg, ldx))), 0)           # (G, Kg*taps, Cg)
+            return (_RESHAPE(dx, (n, g * cg, self.dxh, self.dxw)),
+                    _taps_to_kernel(_RESHAPE(dwt, (-1, cg)), self.tap_map, w.shape))
         cols = _RESHAPE(self.im2col(self._pre(x)), (n, g, cg * kk, l))
         dw = _RESHAPE(_SUM(_BMM_NT(_RESHAPE(dout, (n, g, k // g, l)), cols), 0), w.shape)
         if _ORDERED_BPROP:
@@ -689,7 +712,8 @@ class GemmConv2d(nn.Cell):
         if conv.group != 1:
             # a native kernel in the form: then the group is part of the configuration
             self.fn = _grouped_fn(conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw),
-                                  native_dw, conv.group if native_dw or native_fwd_dx else 1, native_fwd_dx, width)
+                                  native_dw, conv.group if native_dw or native_fwd_dx else 1, native_fwd_dx, width,
+                                  bool(input_grad))
         else:
             self.fn = None if self.pointwise or self.tap is not None else _conv_fn(
                 conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw), self.one_gemm,

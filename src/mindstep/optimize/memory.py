@@ -65,7 +65,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
     else:
         total += _dw_elements(n, c, k, c, kk, l, one)         # backward: the weight gradient's GEMM
     if fn.pre_needed:
-        total += (2 if not fn.dw_from_dy else 1) * n * c * fn.xp_hw[0] * fn.xp_hw[1]  # x padded, fwd (and bwd)
+        total += (1 if fn.dw_from_dy else 2) * n * c * fn.xp_hw[0] * fn.xp_hw[1]  # x padded, fwd (and bwd)
     if not input_grad:
         return 4.0 * total / 2**20
     if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
@@ -119,13 +119,18 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple, input_grad: bool) -> float:
     upper bound (K output channels, C input channels, C/G per group; without the input gradient's
     where `input_grad` is False)."""
     n, c, h, w = shape
-    fn = GemmConv2d(conv, (h, w)).fn
+    fn = GemmConv2d(conv, (h, w), "batched", input_grad).fn
     k, cg = conv.out_channels, c // conv.group
     kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw  # the input gradient uses all kk taps
     total = n * c * kk * l + n * k * cg * kk + n * k * l     # forward: columns, broadcast kernel, output
-    total += _dw_elements(n, c, k, cg, kk, l, one=False)    # backward: the weight gradient's GEMM
+    if fn.dw_from_dy:
+        # backward: the per-sample products of the input gradient's columns (counted below) with x, the
+        # (K*taps, Cg) sum, the tap map over K and dW in kernel order
+        total += n * k * kk * cg + 2 * k * kk * cg + k * kk * kk
+    else:
+        total += _dw_elements(n, c, k, cg, kk, l, one=False)  # backward: the weight gradient's GEMM
     if fn.pre_needed:
-        total += 2 * n * c * fn.xp_hw[0] * fn.xp_hw[1]        # explicitly padded x, forward and backward
+        total += (1 if fn.dw_from_dy else 2) * n * c * fn.xp_hw[0] * fn.xp_hw[1]  # x padded, fwd (and bwd)
     if not input_grad:
         return 4.0 * total / 2**20
     if fn.strided:
