@@ -1122,11 +1122,14 @@ def test_native_growth_bound_is_under_what_a_native_step_adds(tmp_path, arch):
 
 @pytest.mark.parametrize("form, hw, batch", [("one-gemm", 8, 256), ("batched", 32, 16)])
 def test_bprop_ordering_frees_each_layers_columns_before_the_next(tmp_path, form, hw, batch):
-    """`_ConvFn.bprop`'s two ordering dependences keep a layer's backward temporaries from outliving
-    it. Compared in one run, on the machine the test runs on: without them the two layers added to
-    the chain keep at least one layer's columns more (the im2col matrix, 9x the layer's input: 36 MB
-    at both sizes). Measured on an AMD EPYC (AVX2, AVX-512F): growth 36 vs 109 MB (one-gemm) and 16
-    vs 84 MB (batched), with vs without them; the first was 457 MB while the form used Transpose."""
+    """`_ConvFn.bprop`'s ordering dependences keep a layer's backward temporaries from outliving it.
+    Compared in one run, on the machine the test runs on: without them the two layers added to the
+    chain keep at least one layer's columns more (the im2col matrix, 9x the layer's input: 36 MB at
+    both sizes). Measured on an AMD EPYC (AVX2, AVX-512F), while the weight gradient unfolded x again:
+    growth 36 vs 109 MB (one-gemm) and 16 vs 84 MB (batched), with vs without them; the first was 457
+    MB while the form used Transpose. With the weight gradient from dY's columns (`dw_from_dy`), on an
+    Intel Xeon family 6 model 167: 61 vs 137 MB and 50 vs 122 MB (the old code there 36 vs 109, 16 vs
+    85); before the input gradient waited for the weight gradient there, 97 vs 101 MB (one-gemm)."""
     channels = 64
     ordered = _chain_growth(tmp_path, form, 1, hw, channels, batch)
     unordered = _chain_growth(tmp_path, form, 1, hw, channels, batch, order="unordered")

@@ -482,12 +482,18 @@ class _ConvFn(nn.Cell):
         cols = self._dy_columns(dout, n, k)
         xl = _RESHAPE(x, (n, c, self.dxh * self.dxw))
         wt = _input_grad_kernel(w, self.tap_map)  # (K*taps, C)
+        # the input gradient after the weight gradient, as in `bprop`: it feeds the previous layer's
+        # backward, which would otherwise start (and unfold its own columns) while these wait for dW
         if self.one_gemm:
             folded = _fold(cols)
             dwt = _MM_NT(folded, _fold(xl))
+            if _ORDERED_BPROP:
+                folded = ops.depend(folded, dwt)
             dx = _unfold_batch(_MM_TN(wt, folded), n)
         else:
             dwt = _SUM(_BMM_NT(cols, xl), 0)
+            if _ORDERED_BPROP:
+                cols = ops.depend(cols, dwt)
             dx = _BMM_TN(ops.BroadcastTo((n,) + wt.shape)(wt), cols)
         return _RESHAPE(dx, (n, c, self.dxh, self.dxw)), _taps_to_kernel(dwt, self.tap_map, w.shape)
 
@@ -571,8 +577,10 @@ class _GroupedFn(_ConvFn):
             ldx = self.dxh * self.dxw
             cols = _RESHAPE(self._dy_columns(dout, n, k), (n, g, -1, ldx))        # (n, G, Kg*taps, Ldx)
             wt = _RESHAPE(_input_grad_kernel(w, self.tap_map), (g, -1, cg))       # (G, Kg*taps, Cg)
-            dx = _BMM_TN(ops.BroadcastTo((n,) + wt.shape)(wt), cols)              # (n, G, Cg, Ldx)
             dwt = _SUM(_BMM_NT(cols, _RESHAPE(x, (n, g, cg, ldx))), 0)           # (G, Kg*taps, Cg)
+            if _ORDERED_BPROP:
+                cols = ops.depend(cols, dwt)
+            dx = _BMM_TN(ops.BroadcastTo((n,) + wt.shape)(wt), cols)              # (n, G, Cg, Ldx)
             return (_RESHAPE(dx, (n, g * cg, self.dxh, self.dxw)),
                     _taps_to_kernel(_RESHAPE(dwt, (-1, cg)), self.tap_map, w.shape))
         cols = _RESHAPE(self.im2col(self._pre(x)), (n, g, cg * kk, l))
