@@ -6,7 +6,7 @@ runs near 150 GFLOP/s on the same machine (shared notes). The composed form:
 - forward: `y = W(K, C*k*k) @ unfold(pad(x))`, one (batched) GEMM;
 - weight gradient: where the layer's input gradient is taken (every layer but one whose input is the
   batch), from the columns the input gradient unfolds from dY anyway: `dW~ = unfold(dY~)(K*k*k, N*L)
-  @ x(C, N*L)^T`, one GEMM, its taps put back in place (`_ConvFn._dw_from_dy`); otherwise, and in the
+  @ x(C, N*L)^T`, one GEMM, its taps put back in place (`_ConvFn._dx_dw_from_dy`); otherwise, and in the
   "+phases" forms, `dW = dY(K, N*L) @ unfold(pad(x))^T` with the columns of x recomputed in the
   backward instead of being kept from the forward;
 - input gradient: the transposed convolution written as a *forward* im2col + GEMM: dY is dilated by
@@ -394,7 +394,7 @@ class _ConvFn(nn.Cell):
         self.dx_kernel = ops.Conv2DBackpropInput(out_channel=out_channel, kernel_size=kernel, pad_mode="pad",
                                                  pad=tuple(pads), pad_list=tuple(pads), stride=stride,
                                                  dilation=dilation, group=group)
-        # the weight gradient from the input gradient's columns of dY (`_dw_from_dy`) where those are
+        # the weight gradient from the input gradient's columns of dY (`_dx_dw_from_dy`) where those are
         # unfolded anyway: the input gradient is taken (`input_grad`; a layer whose input is the batch
         # would unfold dY for its weight gradient alone, K/C times x's columns: 21x for a 3->64 stem),
         # by this form's GEMMs over the input positions themselves (not by phases, not cropped)
