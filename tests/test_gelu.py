@@ -130,13 +130,14 @@ def test_rewritten_bert_trains_to_the_same_parameters(jit, tmp_path):
 
 
 def test_decisions_are_measured_per_shape_cached_and_reused(tmp_path):
-    from mindstep.optimize import gelu
+    from mindstep.optimize import decide, gelu
 
     ids = np.ones((2, 8), np.int32)
     table = [r for r in optimize(_bert(), (ids,), cache_dir=str(tmp_path)) if r["config"].startswith("gelu")]
     cache = {k: v for k, v in json.loads((tmp_path / "decisions.json").read_text()).items() if "|gelu" in k}
     # both layers see the same (2, 8, 32) input: one measurement, the second layer reads it from the cache
-    assert list(cache) == [f"CPU|mindspore-{ms.__version__}|{gelu.FORMULATION}|gelu tanh|in(2, 8, 32) Float32"]
+    assert list(cache) == [f"CPU|mindspore-{ms.__version__}|{decide.KIND_TIMING}|{gelu.FORMULATION}|gelu tanh|"
+                           "in(2, 8, 32) Float32"]
     entry = next(iter(cache.values()))
     assert set(entry["times"]) == {"native", "composed"} and entry["choice"] in ("native", "composed")
     assert [r.get("cached") for r in table] == [False, True]
