@@ -147,7 +147,7 @@ def test_a_form_must_beat_native_by_the_margin_and_the_faster_form_wins(monkeypa
     assert row["choice"] == "reduce", row
 
 
-def test_small_layers_are_timed_as_a_chain_of_calls_and_large_ones_and_losses_alone():
+def test_small_layers_are_timed_as_a_chain_of_calls_and_large_ones_and_losses_alone(monkeypatch):
     """A few-ms layer's single probe call is mostly the probe's own overhead and moves with warm-up
     (the bench BERT's LayerNorms: kept native by single calls, 12-14 % faster in the step as `reduce`);
     chained in one graph it is timed as a step runs it. Up to `KIND_CHAIN_MAX` calls, fewer for
@@ -159,3 +159,9 @@ def test_small_layers_are_timed_as_a_chain_of_calls_and_large_ones_and_losses_al
     # the chain's gradients are the layer's, summed over its calls: a composed form still matches native
     row = decide.measure_kind(layernorm, nn.LayerNorm((8,)), (2, 3, 8), ms.float32)
     assert "left out" not in row["reason"] and set(row["times"]) == {"native", *layernorm.FORMS}, row
+    assert "8 calls in a row" in row["reason"]
+    # under graph-kernel fusion each probe calls the layer once: fusion merged a chain into kernels whose
+    # compile ran for minutes
+    monkeypatch.setattr(decide.fusion, "active", lambda: True)
+    row = decide.measure_kind(layernorm, nn.LayerNorm((8,)), (2, 3, 8), ms.float32)
+    assert "calls in a row" not in row["reason"], row

@@ -22,6 +22,7 @@ import numpy as np
 from mindspore import nn
 
 from .._context import graph_mode
+from . import fusion
 from .conv import NATIVE_DW, GemmConv2d, conv_pads, dw_forms, forms_for, out_shape, single_tap
 from .memory import extra_mb
 
@@ -630,12 +631,14 @@ def measure_kind(kind, layer, shape: tuple, dtype) -> dict:
     extra = kind.probe_args(layer, shape) if hasattr(kind, "probe_args") else ()
     composed = {form: kind.build(layer, form) for form in kind.FORMS}
     memory = {"native": 0.0, **{f: kind.extra_mb(shape) for f in kind.FORMS}}
-    return compare(layer, composed, x, r, True, memory, native_margin=KIND_MARGIN, extra=extra,
-                   calls=kind_calls(shape, out, extra))
+    # not under graph-kernel fusion: it fused the chained calls into kernels whose compile ran for minutes
+    # (the bench BERT's `jit-opt-fuse`: MindSpore's kernel-build process at 5.7 GB after 4 minutes)
+    calls = 1 if fusion.active() else kind_calls(shape, out, extra)
+    return compare(layer, composed, x, r, True, memory, native_margin=KIND_MARGIN, extra=extra, calls=calls)
 
 
 # A layer of the other kinds whose input has at most this many elements is timed as a chain of calls
-# in one probe graph (`kind_calls`, at most KIND_CHAIN_MAX): one call of a small layer is a few ms, of
+# in one probe graph (`kind_calls`, at most KIND_CHAIN_MAX; not under graph-kernel fusion): one call of a small layer is a few ms, of
 # which the probe's own launch, loss and host copies are ~1.3 ms, and its timing moved with warm-up.
 # Measured on an Intel Xeon family 6 model 167 (the bench BERT's (16, 64, 128) LayerNorm, forward and
 # backward, GRAPH_MODE): alone, 15 calls in a row, native 3.1-3.7 and `reduce` 2.7-2.9 ms, but
