@@ -638,8 +638,9 @@ def measure_kind(kind, layer, shape: tuple, dtype) -> dict:
 
 
 # A layer of the other kinds whose input has at most this many elements is timed as a chain of calls
-# in one probe graph (`kind_calls`, at most KIND_CHAIN_MAX; not under graph-kernel fusion): one call of a small layer is a few ms, of
-# which the probe's own launch, loss and host copies are ~1.3 ms, and its timing moved with warm-up.
+# in one probe graph (`kind_calls`, at most KIND_CHAIN_MAX; not under graph-kernel fusion): one call
+# of a small layer is a few ms, of which the probe's own launch, loss and host copies are ~1.3 ms,
+# and its timing moved with warm-up.
 # Measured on an Intel Xeon family 6 model 167 (the bench BERT's (16, 64, 128) LayerNorm, forward and
 # backward, GRAPH_MODE): alone, 15 calls in a row, native 3.1-3.7 and `reduce` 2.7-2.9 ms, but
 # alternating (the pass's confirmation) 3.2-3.4 vs 3.3-3.6, so the pass kept native; yet the whole
