@@ -224,6 +224,18 @@ def _taps_to_kernel(dwt, tap_map, w_shape):
     return _RESHAPE(_BMM_TN(_RESHAPE(dwt, (k, taps, cg)), picks), w_shape)
 
 
+def _dw_dx_batched(cols, x, wt):
+    """The weight gradient in the input gradient's tap order, ([G,] K*taps, C) summed over the samples,
+    and the input gradient (n, [G,] C, L), by GEMMs batched over the samples (and the groups: the G
+    axis, for a grouped layer's per-group shapes), from the input gradient's columns `cols`
+    (n, [G,] K*taps, L), x (n, [G,] C, L) and the picked kernel `wt` ([G,] K*taps, C). The input
+    gradient waits for the weight gradient (see `_ConvFn._dx_dw_from_dy`)."""
+    dwt = _SUM(_BMM_NT(cols, x), 0)
+    if _ORDERED_BPROP:
+        cols = ops.depend(cols, dwt)
+    return dwt, _BMM_TN(ops.BroadcastTo((cols.shape[0],) + wt.shape)(wt), cols)
+
+
 def _crop(x, box):
     """x[:, :, top:top+h, left:left+w] for box (top, left, h, w), with the `Slice` primitive:
     MindSpore 2.10's CPU `StridedSlice` (what indexing becomes) copied a 32x128x10x10 tensor in
@@ -491,10 +503,7 @@ class _ConvFn(nn.Cell):
                 folded = ops.depend(folded, dwt)
             dx = _unfold_batch(_MM_TN(wt, folded), n)
         else:
-            dwt = _SUM(_BMM_NT(cols, xl), 0)
-            if _ORDERED_BPROP:
-                cols = ops.depend(cols, dwt)
-            dx = _BMM_TN(ops.BroadcastTo((n,) + wt.shape)(wt), cols)
+            dwt, dx = _dw_dx_batched(cols, xl, wt)
         return _RESHAPE(dx, (n, c, self.dxh, self.dxw)), _taps_to_kernel(dwt, self.tap_map, w.shape)
 
     def _dy_columns(self, dout, n, k):
@@ -577,10 +586,7 @@ class _GroupedFn(_ConvFn):
             ldx = self.dxh * self.dxw
             cols = _RESHAPE(self._dy_columns(dout, n, k), (n, g, -1, ldx))        # (n, G, Kg*taps, Ldx)
             wt = _RESHAPE(_input_grad_kernel(w, self.tap_map), (g, -1, cg))       # (G, Kg*taps, Cg)
-            dwt = _SUM(_BMM_NT(cols, _RESHAPE(x, (n, g, cg, ldx))), 0)           # (G, Kg*taps, Cg)
-            if _ORDERED_BPROP:
-                cols = ops.depend(cols, dwt)
-            dx = _BMM_TN(ops.BroadcastTo((n,) + wt.shape)(wt), cols)              # (n, G, Cg, Ldx)
+            dwt, dx = _dw_dx_batched(cols, _RESHAPE(x, (n, g, cg, ldx)), wt)     # (G, Kg*taps, Cg), (n, G, Cg, Ldx)
             return (_RESHAPE(dx, (n, g * cg, self.dxh, self.dxw)),
                     _taps_to_kernel(_RESHAPE(dwt, (-1, cg)), self.tap_map, w.shape))
         cols = _RESHAPE(self.im2col(self._pre(x)), (n, g, cg * kk, l))

@@ -333,7 +333,6 @@ class _Timed:
 
     def __init__(self, layer: nn.Cell, x, r, input_grad: bool = True, extra: tuple = (), calls: int = 1):
         self.probe, self.x, self.r = _Probe(layer, input_grad, extra, calls), x, r
-        self.calls = int(calls)
         self.first_ms = None  # the first call's time, when it counts as a timed one (FIRST_SAMPLE_MS)
 
     def first(self) -> list:
@@ -342,7 +341,7 @@ class _Timed:
             t0 = time.perf_counter()
             values = _flat(self.probe(self.x, self.r))
             took = 1000.0 * (time.perf_counter() - t0)
-        self.first_ms = took / self.calls if took >= FIRST_SAMPLE_MS else None
+        self.first_ms = took / self.probe.calls if took >= FIRST_SAMPLE_MS else None
         return values
 
     def time(self, repeats: int = REPEATS, stop_above: float | None = None, fresh: bool = False) -> float:
@@ -353,7 +352,7 @@ class _Timed:
             while len(times) < repeats and not (times and stop_above is not None and min(times) > stop_above):
                 t0 = time.perf_counter()
                 _flat(self.probe(self.x, self.r))
-                times.append(1000.0 * (time.perf_counter() - t0) / self.calls)
+                times.append(1000.0 * (time.perf_counter() - t0) / self.probe.calls)
         return statistics.median(times)
 
 
