@@ -421,6 +421,55 @@ def test_max_seconds_is_validated_and_short_runs_are_reported():
     assert report.short_runs(rep) == [f"jit: {why} (the run that timed fewest)"]
 
 
+def test_the_default_warmup_covers_the_compile_and_mindspores_cpu_kernel_search():
+    """MindSpore's CPU kernels run their first 5 calls on one thread (`_warmup.KERNEL_SEARCH_CALLS`):
+    the bench times from the 7th call unless --warmup says otherwise."""
+    from mindstep import _warmup
+    from mindstep.cli import build_parser
+
+    assert _warmup.DEFAULT_WARMUP == 1 + _warmup.KERNEL_SEARCH_CALLS == 6
+    assert runner.BenchConfig(model="mlp").validate().warmup == 6
+    assert build_parser().parse_args(["bench"]).warmup == 6
+    assert build_parser().parse_args(["bench", "--warmup", "2"]).warmup == 2
+    assert "default 6" in " ".join(build_parser()._subparsers._group_actions[0].choices["bench"].format_help().split())
+
+
+def test_warmup_ends_once_the_calls_after_the_first_reach_max_seconds_at_a_window_end():
+    from mindstep._warmup import warmup_ends, warmup_why
+
+    assert not warmup_ends([100.0], 1, 60.0)  # the compiling call alone never ends it
+    assert warmup_ends([100.0, 60.0], 1, 60.0) and not warmup_ends([100.0, 59.9], 1, 60.0)
+    assert warmup_ends([1.0, 30.0, 30.0], 1, 60.0)  # the calls after the first add up
+    assert not warmup_ends([100.0, 100.0], 1, None)  # --max-seconds none: the whole warm-up
+    assert not warmup_ends([1.0, 70.0], 3, 60.0) and warmup_ends([1.0, 70.0, 1.0], 3, 60.0)  # whole windows
+    assert warmup_why(2, 6, [100.0, 70.0], 60.0) == \
+        "2 of 6 warm-up calls: the 1 after the first took 70.0 s, over --max-seconds 60"
+
+
+@pytest.mark.parametrize("mode, warmup, timed", [("seed", 2, 1), ("jit-accum", 3, 3), ("jit", 0, 1)])
+def test_max_seconds_ends_a_slow_modes_warmup_and_the_row_says_so(mode, warmup, timed):
+    """With --max-seconds that every call passes, a 6-call warm-up ends after the first call after the
+    compiling one (a whole window for an accumulating step), the next calls are timed, and the row
+    says how many warm-up calls ran; a step compiled apart times its first call instead (as before)."""
+    from mindstep.bench import worker
+
+    spec = {"mode": mode, "model": "mlp", "batch_size": 4, "image_size": 16, "seq_len": 16, "seed": 0, "steps": 2,
+            "warmup": 6, "distinct_batches": 2, "features": False, "accumulate": 3, "profile_dir": None}
+    cut = worker.run({**spec, "max_seconds": 1e-9})
+    assert cut["timed_calls"] == timed
+    why = cut["settings"].get("warmup_why", "")
+    assert why.startswith(f"{warmup} of 6 warm-up calls") if warmup else why == ""
+    if warmup:
+        rep = {"results": [{**cut, "status": "ok"}]}
+        assert report.short_runs(rep)[0] == f"{mode}: {why}"
+    if mode == "seed":  # 2 warm-up + 1 timed call of the 6 + 2 asked
+        assert cut["settings"]["timed_calls_why"].endswith("loss last is that of call 3, not 8")
+    if mode == "jit-accum":  # one window (k = 3) timed: the 2 steps asked, rounded up to a window
+        assert "timed_calls_why" not in cut["settings"]
+    full = worker.run({**spec, "max_seconds": None, "steps": 1})
+    assert "warmup_why" not in full["settings"] and full["timed_calls"] == (3 if mode == "jit-accum" else 1)
+
+
 def test_the_ceiling_times_every_conv_and_dense_gemm_of_a_step_at_the_whole_batch(monkeypatch):
     from mindstep.bench import ceiling
 

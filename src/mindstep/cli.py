@@ -11,6 +11,8 @@ import os
 import sys
 import textwrap
 
+from ._warmup import DEFAULT_WARMUP, KERNEL_SEARCH_CALLS
+
 EXAMPLES = {
     None: """examples:
   mindstep env
@@ -386,7 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=_positive, default=32)
     p.add_argument("--seq-len", type=_positive, default=64)
     p.add_argument("--steps", type=_positive, default=5, help="timed steps per mode (median reported)")
-    p.add_argument("--warmup", type=_positive, default=1, help="untimed steps first (the first one compiles)")
+    p.add_argument("--warmup", type=_positive, default=DEFAULT_WARMUP,
+                   help=f"untimed steps first (default {DEFAULT_WARMUP}: the first one compiles, and MindSpore's "
+                        f"CPU kernels run their first {KERNEL_SEARCH_CALLS} calls on one thread while they search "
+                        "their thread count); warm-up ends early once the steps after the first add up to "
+                        "--max-seconds")
     p.add_argument("--max-seconds", default=60.0, metavar="S|none",
                    help="a mode's timed steps stop once they add up to S seconds (default 60; at least one step, "
                         "or one accumulation window, is timed, and the output says when fewer than --steps "

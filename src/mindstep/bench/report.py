@@ -68,9 +68,17 @@ def print_table(report: dict, console: Console | None = None) -> None:
 
 
 def short_runs(report: dict) -> list[str]:
-    """A line for each mode whose runs timed fewer calls than --steps asked (`--max-seconds`)."""
-    return [f"{r['mode']}: {r['settings']['timed_calls_why']}" + (" (the run that timed fewest)" if "runs" in r else "")
-            for r in report["results"] if r.get("status") == "ok" and "timed_calls_why" in (r.get("settings") or {})]
+    """A line for each mode whose runs timed fewer calls than --steps asked, or warmed up with fewer
+    than --warmup (`--max-seconds`)."""
+    lines = []
+    for r in report["results"]:
+        settings = r.get("settings") or {}
+        if r.get("status") != "ok":
+            continue
+        for key, which in (("warmup_why", "warmed up least"), ("timed_calls_why", "timed fewest")):
+            if key in settings:
+                lines.append(f"{r['mode']}: {settings[key]}" + (f" (the run that {which})" if "runs" in r else ""))
+    return lines
 
 
 def own_memory_lines(report: dict) -> list[str]:

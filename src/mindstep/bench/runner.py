@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 import mindspore as ms
 
 from .. import _cpu
+from .._warmup import DEFAULT_WARMUP
 from .._errors import bad_value, check_choice, check_int
 from .modes import ACCUMULATE, MODES, OPT_MODES
 from .worker import MAX_SECONDS, PREFIX
@@ -27,7 +28,7 @@ class BenchConfig:
     image_size: int = 32
     seq_len: int = 64
     steps: int = 5
-    warmup: int = 1
+    warmup: int = DEFAULT_WARMUP  # the compiling call and MindSpore's CPU kernel search (`_warmup`)
     max_seconds: float | None = MAX_SECONDS  # a run's timed steps stop once they add up to this (None: never)
     repeat: int = 1  # runs of every mode, interleaved; rows report the median of the per-run medians
     seed: int = 0
@@ -188,8 +189,8 @@ RUN_KEYS = ("step_ms_p50", "step_ms_p90", "compile_s", "peak_mem_mb", "anon_mem_
 def combine(outs: list) -> dict:
     """One row from a mode's repeated runs: the median of each per-run figure, with every run's
     figures under `runs` and the p50's spread ((max - min) / median), and the fewest calls a run timed
-    (`timed_calls`, with that run's `timed_calls_why` when `--max-seconds` cut it); a failed run fails
-    the row."""
+    (`timed_calls`, with that run's `timed_calls_why` when `--max-seconds` cut it; and `warmup_why`
+    from the run whose warm-up it cut shortest); a failed run fails the row."""
     failed = [o for o in outs if "error" in o]
     if failed:
         return dict(failed[0], error=failed[0]["error"] + (f" (run {outs.index(failed[0]) + 1} of {len(outs)})"
@@ -203,9 +204,12 @@ def combine(outs: list) -> dict:
     row["throughput"] = row["batch_size"] / (row["step_ms_p50"] / 1000.0)
     fewest = min(outs, key=lambda o: o.get("timed_calls", 0))
     row["timed_calls"] = fewest.get("timed_calls", 0)
-    settings = {k: v for k, v in (row.get("settings") or {}).items() if k != "timed_calls_why"}
+    settings = {k: v for k, v in (row.get("settings") or {}).items() if k not in ("timed_calls_why", "warmup_why")}
     if "timed_calls_why" in (fewest.get("settings") or {}):
         settings["timed_calls_why"] = fewest["settings"]["timed_calls_why"]
+    cut = [o["settings"]["warmup_why"] for o in outs if "warmup_why" in (o.get("settings") or {})]
+    if cut:  # the run whose warm-up --max-seconds cut shortest
+        settings["warmup_why"] = min(cut, key=lambda why: int(why.split(" ", 1)[0]))
     row["settings"] = settings
     p50s = [o["step_ms_p50"] for o in outs]
     row["runs"] = {key: [o[key] for o in outs] for key in keys}

@@ -18,6 +18,8 @@ os.environ.setdefault("GLOG_v", "3")
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .._warmup import warmup_ends, warmup_why  # noqa: E402
+
 PREFIX = "MINDSTEP_RESULT "
 
 
@@ -113,7 +115,10 @@ def run(spec: dict) -> dict:
             if compile_fn is not None and first_call_counts(times, k, spec.get("max_seconds"), spec.get("profile_dir")):
                 warmup = 0
                 break
-            if enough(times[warmup:], k, spec.get("max_seconds")):
+            if len(times) < warmup and warmup_ends(times, k, spec.get("max_seconds")):
+                settings["warmup_why"] = warmup_why(len(times), warmup, times, spec["max_seconds"])
+                warmup = len(times)
+            if enough(times[warmup:], k, spec.get("max_seconds")) or len(times) - warmup >= steps:
                 break
         if profiler is not None:
             profiler.stop()
@@ -139,7 +144,7 @@ def run(spec: dict) -> dict:
     p50 = statistics.median(measured)
     timed = len(times) - warmup
     if timed < steps:
-        first = " (its first call, which ran after the step was compiled apart)" if warmup < spec["warmup"] else ""
+        first = " (its first call, which ran after the step was compiled apart)" if warmup == 0 else ""
         settings["timed_calls_why"] = (f"{timed} of {steps} calls timed{first}: {'it' if timed == 1 else 'they'} took "
                                        f"{sum(times[warmup:]):.1f} s, over --max-seconds {spec['max_seconds']:g}; "
                                        f"its loss last is that of call {len(times)}, not {asked}")
@@ -284,11 +289,15 @@ def _run_model(net, loss_fn, feed, warmup: int = 1, max_seconds: float | None = 
             if apart and first_call_counts(self.times, 1, max_seconds):
                 self.warmup = 0
                 run_context.request_stop()
-            elif enough(self.times[self.warmup:], 1, max_seconds):
+                return
+            if len(self.times) < self.warmup and warmup_ends(self.times, 1, max_seconds):
+                settings["warmup_why"] = warmup_why(len(self.times), self.warmup, self.times, max_seconds)
+                self.warmup = len(self.times)
+            if enough(self.times[self.warmup:], 1, max_seconds) or len(self.times) - self.warmup >= steps:
                 run_context.request_stop()
 
     timer = Timer()
-    timer.warmup = warmup
+    timer.warmup, steps = warmup, len(feed) - warmup
     sink = ms.get_context("device_target") != "CPU"  # sink mode silently falls back on CPU anyway
     model = Model(net, loss_fn, make_optimizer(net))
     settings = {"compiler": "GRAPH_MODE Model.train", "dataset_sink_mode": sink}
