@@ -65,13 +65,15 @@ def gather(row: dict) -> list:
 
 
 def main(argv=None) -> int:
+    from .._warmup import DEFAULT_WARMUP
+
     p = argparse.ArgumentParser(description="one data-parallel bench worker (run by `mindstep bench --nproc N`)")
     p.add_argument("--model", default="mlp")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
     p.add_argument("--json", metavar="PATH", help="rank 0 writes its rows here")
     args = p.parse_args(argv)
     from ..dist import context
