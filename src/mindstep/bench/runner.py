@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 import mindspore as ms
 
 from .. import _cpu
-from .._warmup import DEFAULT_WARMUP
 from .._errors import bad_value, check_choice, check_int
+from .._warmup import DEFAULT_WARMUP
 from .modes import ACCUMULATE, MODES, OPT_MODES
 from .worker import MAX_SECONDS, PREFIX
 from .zoo import MODELS
