@@ -23,33 +23,42 @@ from __future__ import annotations
 
 from mindspore import dtype as mstype
 from mindspore import nn, ops
+from mindspore.ops.operations._grad_ops import SigmoidGrad
 
 from .._errors import bad_value
 
 FORMS = ("composed",)
-FORMULATION = "gelu-2"  # bumped whenever the composed form changes (see `decide.FORMULATION`)
+FORMULATION = "gelu-3"  # bumped whenever the composed form changes (see `decide.FORMULATION`)
 
 _C2 = 2.0 * 0.7978845608028654  # 2 sqrt(2/pi)
 _A = 0.044715
+_C2A = _C2 * _A
 _RSQRT2 = 0.7071067811865476
 _RSQRT2PI = 0.3989422804014327
 
+_sigmoid_grad = SigmoidGrad()  # (s, dy) -> dy * s * (1 - s), one kernel
+
 
 class _TanhGelu(nn.Cell):
-    """x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3)), and its derivative recomputed from x; both in
-    float32 whatever the input's float type, the result in the input's."""
+    """x * sigmoid(u), u = 2 sqrt(2/pi) (x + 0.044715 x^3), and its derivative recomputed from x; both in
+    float32 whatever the input's float type, the result in the input's. Written with as few kernels as
+    the function allows (constants folded, `t = c x^2` shared, `s (1 - s) v` as one `SigmoidGrad`): each
+    is a pass over the whole activation. At (16, 64, 512) float32, forward + backward, 4 calls chained
+    per probe, GRAPH_MODE, on an Intel Xeon family 6 model 167: 3.6-3.8 ms per call against 5.8-6.0 for
+    the spelled-out form (FORMULATION gelu-2) and 13-24 native."""
 
     def construct(self, x):
         x32 = ops.cast(x, mstype.float32)
-        return ops.cast(x32 * ops.sigmoid(_C2 * (x32 + _A * x32 * x32 * x32)), x.dtype)
+        u = x32 * (_C2A * (x32 * x32) + _C2)
+        return ops.cast(x32 * ops.sigmoid(u), x.dtype)
 
     def bprop(self, x, out, dout):
         x32 = ops.cast(x, mstype.float32)
-        x2 = x32 * x32
-        s = ops.sigmoid(_C2 * (x32 + _A * x2 * x32))
-        # d/dx x s(u) = s + x s (1 - s) u',  u' = 2 sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-        dx = ops.cast(dout, mstype.float32) * (s + x32 * (s - s * s) * (_C2 + (3.0 * _A * _C2) * x2))
-        return (ops.cast(dx, x.dtype),)
+        t = _C2A * (x32 * x32)
+        s = ops.sigmoid(x32 * (t + _C2))
+        # d/dx x s(u) = s + x u' s (1 - s),  x u' = x (2 sqrt(2/pi) + 3 t)
+        w = _sigmoid_grad(s, x32 * (3.0 * t + _C2))
+        return (ops.cast(ops.cast(dout, mstype.float32) * (s + w), x.dtype),)
 
 
 class _ErfGelu(nn.Cell):
