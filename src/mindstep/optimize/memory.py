@@ -59,15 +59,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
     # forward: the columns (one-gemm: and their batch-folded copy, and the unfolded output; batched:
     # the kernel broadcast over the batch)
     total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
-    if fn.dw_from_dy:
-        # backward: the weight gradient's GEMM with the input gradient's columns (counted below) and
-        # x itself: one-gemm x batch-folded, batched the per-sample products; the (K*taps, C) result,
-        # the tap map over K and dW in kernel order
-        total += (c * n * ldx if one else n * k * kk * c) + 2 * k * kk * c + k * kk * kk
-    else:
-        total += _dw_elements(n, c, k, c, kk, l, one)         # backward: the weight gradient's GEMM
-    if fn.pre_needed:
-        total += (1 if fn.dw_from_dy else 2) * n * c * fn.xp_hw[0] * fn.xp_hw[1]  # x padded, fwd (and bwd)
+    total += _dw_path_elements(fn, n, c, k, c, kk, l, ldx, one)  # backward: the weight gradient
     if not input_grad:
         return 4.0 * total / 2**20
     if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
@@ -102,6 +94,22 @@ def _dw_elements(n: int, c: int, k: int, cg: int, kk: int, l: int, one: bool) ->
     return n * c * kk * l + ((k * n * l + c * kk * n * l) if one else n * k * cg * kk) + k * cg * kk
 
 
+def _dw_path_elements(fn, n, c, k, cg, kk, l, ldx, one: bool) -> int:
+    """The weight gradient's temporaries on the path `fn` takes, with x explicitly padded where the
+    layer pads it (the forward's copy, and the backward's when it recomputes the columns of x).
+    From dY's columns (`fn.dw_from_dy`; the columns themselves are the input gradient's, counted with
+    it): the GEMM's operand beside them (one-gemm: x batch-folded; batched: the per-sample (per-group)
+    products), the (K*taps, C/G) result, the tap map over K and dW in kernel order; otherwise
+    `_dw_elements`."""
+    if fn.dw_from_dy:
+        total = (c * n * ldx if one else n * k * kk * cg) + 2 * k * kk * cg + k * kk * kk
+    else:
+        total = _dw_elements(n, c, k, cg, kk, l, one)
+    if fn.pre_needed:
+        total += (1 if fn.dw_from_dy else 2) * n * c * fn.xp_hw[0] * fn.xp_hw[1]
+    return total
+
+
 def _weight_gradient_mb(conv: nn.Conv2d, shape: tuple, form: str) -> float:
     """`extra_mb` for a NATIVE_FWD_DX form: MindSpore's own forward and input gradient add nothing over
     the native layer; the weight gradient's GEMM adds the recomputed columns (after explicit padding),
@@ -125,14 +133,7 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple, input_grad: bool) -> float:
     k, cg = conv.out_channels, c // conv.group
     kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw  # the input gradient uses all kk taps
     total = n * c * kk * l + n * k * cg * kk + n * k * l     # forward: columns, broadcast kernel, output
-    if fn.dw_from_dy:
-        # backward: the per-sample products of the input gradient's columns (counted below) with x, the
-        # (K*taps, Cg) sum, the tap map over K and dW in kernel order
-        total += n * k * kk * cg + 2 * k * kk * cg + k * kk * kk
-    else:
-        total += _dw_elements(n, c, k, cg, kk, l, one=False)  # backward: the weight gradient's GEMM
-    if fn.pre_needed:
-        total += (1 if fn.dw_from_dy else 2) * n * c * fn.xp_hw[0] * fn.xp_hw[1]  # x padded, fwd (and bwd)
+    total += _dw_path_elements(fn, n, c, k, cg, kk, l, ldx, one=False)  # backward: the weight gradient
     if not input_grad:
         return 4.0 * total / 2**20
     if fn.strided:
