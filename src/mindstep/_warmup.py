@@ -32,3 +32,12 @@ def warmup_ends(times: list, k: int, max_seconds: float | None) -> bool:
 def warmup_why(done: int, asked: int, times: list, max_seconds: float) -> str:
     return (f"{done} of {asked} warm-up calls: the {done - 1} after the first took {sum(times[1:]):.1f} s, "
             f"over --max-seconds {max_seconds:g}")
+
+
+def warmup_after(times: list, warmup: int, k: int, max_seconds: float | None, settings: dict) -> int:
+    """The warm-up (leading calls left untimed) after these calls: `warmup`, or the calls so far once
+    `warmup_ends`, in which case `settings["warmup_why"]` says so."""
+    if len(times) < warmup and warmup_ends(times, k, max_seconds):
+        settings["warmup_why"] = warmup_why(len(times), warmup, times, max_seconds)
+        return len(times)
+    return warmup

@@ -18,7 +18,7 @@ os.environ.setdefault("GLOG_v", "3")
 import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .._warmup import warmup_ends, warmup_why  # noqa: E402
+from .._warmup import warmup_after  # noqa: E402
 
 PREFIX = "MINDSTEP_RESULT "
 
@@ -115,9 +115,7 @@ def run(spec: dict) -> dict:
             if compile_fn is not None and first_call_counts(times, k, spec.get("max_seconds"), spec.get("profile_dir")):
                 warmup = 0
                 break
-            if len(times) < warmup and warmup_ends(times, k, spec.get("max_seconds")):
-                settings["warmup_why"] = warmup_why(len(times), warmup, times, spec["max_seconds"])
-                warmup = len(times)
+            warmup = warmup_after(times, warmup, k, spec.get("max_seconds"), settings)
             if enough(times[warmup:], k, spec.get("max_seconds")) or len(times) - warmup >= steps:
                 break
         if profiler is not None:
@@ -290,9 +288,7 @@ def _run_model(net, loss_fn, feed, warmup: int = 1, max_seconds: float | None = 
                 self.warmup = 0
                 run_context.request_stop()
                 return
-            if len(self.times) < self.warmup and warmup_ends(self.times, 1, max_seconds):
-                settings["warmup_why"] = warmup_why(len(self.times), self.warmup, self.times, max_seconds)
-                self.warmup = len(self.times)
+            self.warmup = warmup_after(self.times, self.warmup, 1, max_seconds, settings)
             if enough(self.times[self.warmup:], 1, max_seconds) or len(self.times) - self.warmup >= steps:
                 run_context.request_stop()
 
