@@ -18,6 +18,7 @@ count falls back to the number of distinct input signatures seen.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 
 import mindspore as ms
@@ -29,6 +30,7 @@ from ._errors import bad_type, bad_value
 logger = logging.getLogger("mindstep")
 
 COMPILERS = ("cell", "function")
+_JIT_FUNCTIONS = itertools.count()  # numbers each `ms.jit` step function (see `Runner._jit_function`)
 
 try:  # private, but the only exact record of what MindSpore compiled
     from mindspore.graph.api import ms_compile_cache as _MS_COMPILE_CACHE
@@ -211,6 +213,10 @@ class Runner:
         def step_graph(*tensors):
             return cell(*tensors)
 
+        # MindSpore keys a jit function by its name, file and line, and warns "has been compiled again"
+        # when a second function object of the same key compiles (every step with compiler="function"
+        # after the first, an accumulating step's update graph, a re-sync): a name of its own each
+        step_graph.__name__ = step_graph.__qualname__ = f"{self.name}_step_graph_{next(_JIT_FUNCTIONS)}"
         return ms.jit(step_graph)
 
     def _host_writes(self) -> list:

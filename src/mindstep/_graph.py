@@ -129,10 +129,11 @@ class Stages(nn.Cell):
             self.optimizer(grads)
             self.ema.update()
             self.counter.increment()
-        # `finite` threads through `record`: a stage call whose result is dropped made MindSpore 2.10
-        # mis-compile the step (a float64 `Tensor(True)`, or `_all_finite` run as nested Python)
+        # `finite` threads through `record` and `adjust`: a stage call whose result is dropped made
+        # MindSpore 2.10 mis-compile the step (a float64 `Tensor(True)`, or `_all_finite` run as nested
+        # Python), or warn that "side effect nodes were eliminated by mistake" (no loss scale)
         finite = self.guard.record(finite)
-        self.scale.adjust(finite)
+        finite = self.scale.adjust(finite)
         self.accumulate.reset()
         # as a tensor: without a finite check `finite` is the Python constant True
         return ops.logical_and(ms.Tensor(True), finite), norm

@@ -84,7 +84,9 @@ class ScaleStage(nn.Cell):
         return 1.0 / self.value
 
     def adjust(self, finite):
-        return self.scaler.adjust(finite)
+        """Adjust the scale to `finite`; returns `finite`, after the scale is written (the step
+        threads it on, as it does the finite check's `record`)."""
+        return ops.depend(finite, self.scaler.adjust(finite))
 
     def metrics(self, finite):
         return (ops.logical_not(finite), self.value + 0)

@@ -547,10 +547,9 @@ def _chained(calls: int) -> str:
 
 
 def _inputs(shape: tuple, out: tuple, dtype):
-    rng = np.random.default_rng(0)
-    nptype = ms.dtype_to_nptype(dtype)
-    return (ms.Tensor(rng.standard_normal(shape).astype(nptype)),
-            ms.Tensor(rng.standard_normal(out).astype(nptype)))
+    rng = np.random.default_rng(0)  # (`ms.dtype_to_nptype` logs a deprecation warning since 2.7)
+    return (ms.Tensor(rng.standard_normal(shape).astype(np.float32), dtype),
+            ms.Tensor(rng.standard_normal(out).astype(np.float32), dtype))
 
 
 def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> dict:
