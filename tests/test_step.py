@@ -125,11 +125,33 @@ def test_new_shape_recompiles_once_and_warns(compiler, caplog):
         assert step.compile_count == 2
         assert len(caplog.records) == 1
         assert "batch[0] shape (4, 32) (was (8, 32))" in caplog.records[0].getMessage()
+        assert "pad or bucket" in caplog.records[0].getMessage()
         for _ in range(3):  # both shapes are cached now: no more compiles, no more warnings
             step(x8, y8)
             step(x4, y4)
     assert step.compile_count == 2
     assert len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("change, said, advice, not_said", [
+    pytest.param("dtype", "batch[0] dtype Float64 (was Float32)", "x.astype(np.float32)", "pad or bucket", id="dtype"),
+    pytest.param("rank", "batch[0] rank 3 (was 2", "A dimension appeared or went away", "pad or bucket", id="rank"),
+])
+def test_a_recompile_says_what_changed_and_the_advice_for_that_kind(change, said, advice, not_said, caplog):
+    net = seeded(MLP)
+
+    def forward(x, y):
+        return nn.CrossEntropyLoss()(net(x.astype(ms.float32).reshape(-1, 32)), y)
+
+    step = TrainStep(forward, nn.SGD(net.trainable_params(), 0.1))
+    (x, y), = batches(1, (8, 32))
+    step(x, y)
+    other = x.asnumpy().astype(np.float64) if change == "dtype" else x.asnumpy().reshape(2, 4, 32)
+    with caplog.at_level(logging.WARNING, logger="mindstep"):
+        step(other, y)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert said in message and advice in message and not_said not in message
 
 
 def test_state_parameters_are_prefixed_and_net_names_unchanged():

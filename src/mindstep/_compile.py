@@ -105,11 +105,40 @@ def describe_change(old: tuple, new: tuple) -> str:
         return f"the number of batch elements changed from {len(old)} to {len(new)}"
     parts = []
     for i, ((os_, od), (ns, nd)) in enumerate(zip(old, new)):
-        if os_ != ns:
+        if len(os_) != len(ns):
+            parts.append(f"batch[{i}] rank {len(ns)} (was {len(os_)}: shape {ns}, was {os_})")
+        elif os_ != ns:
             parts.append(f"batch[{i}] shape {ns} (was {os_})")
         if od != nd:
             parts.append(f"batch[{i}] dtype {nd} (was {od})")
     return ", ".join(parts) or "no visible change in shapes or dtypes"
+
+
+# what to do about a recompile, by what changed in the batch
+_ADVICE = {
+    "count": "Call the step with the same batch elements every time.",
+    "rank": "A dimension appeared or went away: check the data pipeline (a missing .batch(), a squeeze, an "
+            "unbatched sample); each rank compiles its own graph.",
+    "dtype": "Give each batch element one dtype every call (numpy's default float64 and Python floats are the "
+             "usual cause: x.astype(np.float32)); each dtype compiles its own graph.",
+    "shape": "Each distinct shape compiles once; pad or bucket batches to keep shapes fixed "
+             "(dataset.batch(n, drop_remainder=True) drops a smaller last batch).",
+}
+
+
+def change_advice(old: tuple, new: tuple) -> str:
+    """What to do about a recompile from input signature `old` to `new`, for each kind of change."""
+    if len(old) != len(new):
+        return _ADVICE["count"]
+    kinds = []
+    for (os_, od), (ns, nd) in zip(old, new):
+        if len(os_) != len(ns):
+            kinds.append("rank")
+        elif os_ != ns:
+            kinds.append("shape")
+        if od != nd:
+            kinds.append("dtype")
+    return " ".join(_ADVICE[k] for k in ("rank", "dtype", "shape") if k in kinds)
 
 
 def _reason(error: BaseException) -> str:
@@ -127,18 +156,33 @@ def _shown(sig: tuple) -> str:
     return ", ".join(f"batch[{i}] {dtype} {shape}" for i, (shape, dtype) in enumerate(sig))
 
 
+def _own(error: BaseException) -> str | None:
+    """The message of one of mindstep's own checks that ran while MindSpore compiled the step (see
+    `mindstep._graph.OWN_ERRORS`), or None for MindSpore's own errors."""
+    from ._graph import OWN_ERRORS
+
+    for line in str(error).splitlines():
+        line = line.strip().strip("'\"")  # a graph compile quotes the message
+        if line.startswith(OWN_ERRORS):
+            return line
+    return None
+
+
 def step_failure(error: BaseException, compiled: list, tensors, who: str = "TrainStep") -> BaseException:
     """A TypeError/ValueError for a step that MindSpore could not compile or run on this batch: what
-    it got, what it was compiled for, MindSpore's one-line reason and the fix (no C++ trace)."""
+    it got, what it was compiled for, the one-line reason and the fix (no C++ trace). A reason from
+    mindstep's own checks (what forward returned) is given as it is; MindSpore's is labelled so."""
     sig = signature(tensors)
-    reason = _reason(error)
-    if compiled and sig not in compiled:
+    own = _own(error)
+    if own is not None:
+        text = f"{who}: {own} (batch: {_shown(sig)})"
+    elif compiled and sig not in compiled:
         change = describe_change(compiled[0], sig)
         text = (f"{who}: the step first ran on {_shown(compiled[0])} and got {_shown(sig)} ({change}); "
-                f"it cannot run on it. MindSpore: {reason} Pass batches like the first one; a new shape that "
+                f"it cannot run on it. MindSpore: {_reason(error)} Pass batches like the first one; a new shape that "
                 "forward accepts (a smaller last batch, another length) recompiles once.")
     else:
-        text = (f"{who}: the step failed on {_shown(sig)}. MindSpore: {reason} Check that forward(*batch) "
+        text = (f"{who}: the step failed on {_shown(sig)}. MindSpore: {_reason(error)} Check that forward(*batch) "
                 f"takes these inputs; {who}(..., jit=False) runs it eagerly and shows the Python line.")
     new = (TypeError if isinstance(error, TypeError) else ValueError)(text)
     new.mindspore_error = error  # the original, C++ trace included, for whoever needs it
@@ -283,10 +327,10 @@ class Runner:
         if not compiled or self.compile_count == 0:
             return
         if new_sig:
-            reason = describe_change(self._signatures[-2], sig)
-            logger.warning("%s: recompiling the training step (compile #%d) for a new input signature: %s. "
-                           "Each distinct shape compiles once; pad or bucket batches to keep shapes fixed.",
-                           self.name, self.compile_count + compiled, reason)
+            old = self._signatures[-2]
+            logger.warning("%s: recompiling the training step (compile #%d) for a new input signature: %s. %s",
+                           self.name, self.compile_count + compiled, describe_change(old, sig),
+                           change_advice(old, sig))
         else:
             logger.warning("%s: the training step recompiled (compile #%d) with an input signature it had "
                            "already compiled; a Python value captured by the step has probably changed.",

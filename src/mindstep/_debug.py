@@ -11,6 +11,7 @@ import mindspore as ms
 import numpy as np
 
 from ._context import pynative_mode, reset_pynative_grad
+from ._graph import aux_items
 from .groups import labelled_groups
 
 
@@ -27,7 +28,8 @@ def report(step, tensors) -> str:
         for i, t in enumerate(tensors):
             lines.append(f"  input batch[{i}]: {_describe(t)}")
         lines.append(f"  forward: loss {_describe(loss)} = {float(loss.asnumpy()):.6g}; weight {float(weight.asnumpy()):.6g}")
-        for key, value in list(parts.items()) + list(aux.items()):
+        values, names = aux_items(aux)
+        for key, value in list(parts.items()) + list(zip(names, values)):
             lines.append(f"  aux {key}: {_describe(value)}")
         scale = step.graph.scale.value if hasattr(step.graph.scale, "value") else None
         lines.append(f"  loss scale: {float(scale.asnumpy()) if scale is not None else 'none'}"

@@ -32,7 +32,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import mindspore as ms
-from mindspore import nn
+from mindspore import amp, nn
 
 from ._errors import bad_type
 
@@ -47,10 +47,13 @@ _MAX_CONTAINER = 1000  # elements looked at per list/tuple/dict
 
 @dataclass
 class Found:
-    """What `find` reached: Cells (outermost first found, none inside another) and bare Parameters."""
+    """What `find` reached: Cells (outermost first found, none inside another), bare Parameters,
+    and where the code reads `scale`/`unscale` of a `mindspore.amp` loss scaler (`(file, line,
+    method)`: the loss-scaling idiom of MindSpore's mixed-precision tutorial, see `mindstep._porting`)."""
 
     cells: list = field(default_factory=list)
     parameters: list = field(default_factory=list)
+    scaler_calls: list = field(default_factory=list)
 
 
 def _library(obj) -> bool:
@@ -73,10 +76,23 @@ def _attr(obj, name: str):
         return _UNKNOWN
 
 
+_SCALER_METHODS = ("scale", "unscale")
+
+
+def _line(ins, last: int) -> int:
+    """The source line of a bytecode instruction (`positions` from Python 3.11, `starts_line` before)."""
+    positions = getattr(ins, "positions", None)
+    if positions is not None and positions.lineno is not None:
+        return positions.lineno
+    starts = getattr(ins, "starts_line", None)
+    return starts if isinstance(starts, int) and not isinstance(starts, bool) else last
+
+
 class _Walker:
     def __init__(self):
         self.cells: list = []
         self.parameters: list = []
+        self.scaler_calls: list = []
         self._seen: set = set()
 
     def visit(self, value, depth: int = 0) -> None:
@@ -140,8 +156,12 @@ class _Walker:
         builtins = globals_.get("__builtins__", {})
         builtins = builtins if isinstance(builtins, dict) else vars(builtins)
         current = _UNKNOWN
+        line = code.co_firstlineno
         for ins in dis.get_instructions(code):
+            line = _line(ins, line)
             name = ins.argval if isinstance(ins.argval, str) else None
+            if ins.opname in _LOAD_ATTR and name in _SCALER_METHODS and isinstance(current, amp.LossScaler):
+                self.scaler_calls.append((code.co_filename, line, name))
             if ins.opname in _LOAD_NAME and name:
                 current = globals_.get(name, builtins.get(name, _UNKNOWN))
             elif ins.opname in _LOAD_DEREF and name:
@@ -187,7 +207,7 @@ def find(fn) -> Found:
     """
     walker = _Walker()
     walker.visit(fn)
-    return Found(_outermost(walker.cells), walker.parameters)
+    return Found(_outermost(walker.cells), walker.parameters, walker.scaler_calls)
 
 
 class NetworkWarning(UserWarning):
@@ -206,6 +226,7 @@ class Networks:
     trained: list
     loss_cells: list
     cells: list
+    scaler_calls: list = field(default_factory=list)  # `Found.scaler_calls`
 
 
 def _shown(names: list, limit: int = 6) -> str:
@@ -253,7 +274,7 @@ def resolve(forward, optimizer, nets=None, *, needs: list[str] = (), owners=()) 
                       f"{fix}", NetworkWarning, stacklevel=3)
     trained = [c for c in cells if any(id(p) in opt_ids for p in c.trainable_params())]
     loss_cells = [c for c in cells if not c.trainable_params()]
-    return Networks(trained, loss_cells, cells)
+    return Networks(trained, loss_cells, cells, found.scaler_calls)
 
 
 def train_mode(nets) -> None:

@@ -45,47 +45,83 @@ from . import _map
 from ._context import pynative_mode
 
 
+# A forward's positional aux outputs, `(loss, logits, ...)` as MindSpore's tutorials return them with
+# `value_and_grad(..., has_aux=True)`, are named by their place in the returned tuple.
+AUX_NAMES = tuple(f"aux{i}" for i in range(1, 65))
+# The first words of the errors mindstep's own checks raise while MindSpore compiles the step (they
+# reach the user through MindSpore's exception, see `mindstep._compile.step_failure`).
+OWN_ERRORS = ("forward returned", "forward must")
+
+
+def aux_items(aux):
+    """(values, names) of a forward's aux outputs: a dict's, or a tuple's named by position."""
+    if isinstance(aux, dict):
+        return tuple(aux.values()), tuple(aux.keys())
+    for item in aux:
+        if not isinstance(item, ms.Tensor):
+            raise ValueError("forward returned a tuple whose items after the loss are not all tensors; return "
+                             "`loss`, `(loss, tensor, ...)` or `(loss, {'name': tensor, ...})`.")
+    if len(aux) > len(AUX_NAMES):
+        raise ValueError(f"forward returned more than {len(AUX_NAMES)} outputs after the loss; return them as a "
+                         "dict: `(loss, {'name': tensor, ...})`.")
+    return aux, AUX_NAMES[:len(aux)]
+
+
 def _objective(forward, scale, normalize: str, combine):
     """Wrap `forward` as `objective(*batch) -> (scaled objective, (loss, weight, aux, parts))`.
 
-    `normalize="mean"`: forward returns `loss` or `(loss, aux)`; the objective is the loss and
-    the weight 1. `normalize="count"`: forward returns `(sum, count)` or `((sum, count), aux)`;
-    the objective is the sum, the weight the count, and the reported loss `sum / count`.
-    With a multi-task `combine` (mindstep.losses), forward returns a dict of named losses (or
-    `(dict, aux)`); the objective is their combination and `parts` holds each component.
+    `forward`'s output: a tuple's first element is the value and the rest are aux outputs, either
+    one dict of named tensors or tensors named by position (`AUX_NAMES`). The value:
+    `normalize="mean"`: a loss; the objective is the loss and the weight 1. `normalize="count"`:
+    `(sum, count)`; the objective is the sum, the weight the count, and the reported loss
+    `sum / count` (aux outputs follow the pair: `((sum, count), ...)`). With a multi-task `combine`
+    (mindstep.losses): a dict of named losses; the objective is their combination and `parts` holds
+    each component.
+
+    Written out as one function per setting, with no helper calls: each function the graph calls is
+    compiled on its own, and these ran on every step's first call.
     """
-
-    def split(out):
-        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
-            return out[0], out[1]
-        return out, {}
-
-    def objective(*batch):
-        value, aux = split(forward(*batch))
-        parts = {}
-        if combine is not None:
+    if combine is not None:
+        def objective(*batch):
+            out = forward(*batch)
+            value, aux = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+            if len(aux) == 1 and isinstance(aux[0], dict):
+                aux = aux[0]
             if not isinstance(value, dict):
-                raise ValueError("with losses=..., forward must return a dict of named losses, or "
-                                 "`(dict, aux)`.")
-            value, parts = combine(value)
-        if normalize == "count":
+                raise ValueError("forward must return a dict of named losses with losses=..., or that dict "
+                                 "followed by aux outputs: `(losses_dict, ...)`.")
+            total, parts = combine(value)
+            total = _map.CAST(total, ms.float32)
+            return scale.scale(total), (total, ms.Tensor(1.0, ms.float32), aux, parts)
+    elif normalize == "count":
+        def objective(*batch):
+            out = forward(*batch)
+            value, aux = (out[0], out[1:]) if isinstance(out, tuple) and isinstance(out[0], tuple) else (out, ())
+            if len(aux) == 1 and isinstance(aux[0], dict):
+                aux = aux[0]
             if not isinstance(value, tuple) or len(value) != 2:
-                raise ValueError("with normalize='count', forward must return `(loss_sum, count)` or "
-                                 "`((loss_sum, count), aux)`.")
-            total, weight = value[0], value[1].astype(ms.float32)
-            loss = total / weight
-        else:
-            if isinstance(value, (tuple, dict)):
-                raise ValueError("forward must return `loss` or `(loss, aux)` where aux is a dict of tensors; "
-                                 "it returned another structure. For `(loss_sum, count)` pass normalize='count'; "
-                                 "for a dict of named losses pass losses=mindstep.losses.weighted({...}).")
-            total, weight, loss = value, ops.ones((), ms.float32), value
-        if total.ndim != 0:
-            raise ValueError("forward must return a scalar loss (a 0-d tensor); reduce it with `.mean()` "
-                             "or `.sum()` inside forward.")
-        total = total.astype(ms.float32)
-        return scale.scale(total), (loss.astype(ms.float32), weight, aux, parts)
-
+                raise ValueError("forward must return `(loss_sum, count)` with normalize='count', or that pair "
+                                 "followed by aux outputs: `((loss_sum, count), ...)`.")
+            if value[0].ndim != 0:
+                raise ValueError("forward must return a scalar loss sum (a 0-d tensor); reduce it with `.sum()` "
+                                 "inside forward.")
+            total, weight = _map.CAST(value[0], ms.float32), _map.CAST(value[1], ms.float32)
+            return scale.scale(total), (total / weight, weight, aux, {})
+    else:
+        def objective(*batch):
+            out = forward(*batch)
+            loss, aux = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+            if len(aux) == 1 and isinstance(aux[0], dict):
+                aux = aux[0]
+            if isinstance(loss, (tuple, dict)):
+                raise ValueError("forward returned a structure where the loss should be; return `loss`, "
+                                 "`(loss, aux...)`, `(loss_sum, count)` with normalize='count', or a dict of "
+                                 "named losses with losses=mindstep.losses.weighted({...}).")
+            if loss.ndim != 0:
+                raise ValueError("forward must return a scalar loss (a 0-d tensor); reduce it with `.mean()` "
+                                 "or `.sum()` inside forward.")
+            loss = _map.CAST(loss, ms.float32)
+            return scale.scale(loss), (loss, ms.Tensor(1.0, ms.float32), aux, {})
     return objective
 
 
@@ -211,4 +247,5 @@ class StepGraph(Stages):
         metrics = self._metrics(loss, applied, finite, norm, lrs, flags)
         # Returning the aux dict itself makes MindSpore 2.10 compile ~3x slower (ResNet-18: 8.7 s vs
         # 3.0 s); its values and its (constant) keys as two tuples compile at the normal speed.
-        return metrics, tuple(parts.values()) + tuple(aux.values()), tuple(parts.keys()) + tuple(aux.keys())
+        values, names = aux_items(aux)
+        return metrics, tuple(parts.values()) + values, tuple(parts.keys()) + names

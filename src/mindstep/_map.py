@@ -18,6 +18,12 @@ MAP = ops.HyperMap()
 # of its old value that MindSpore 2.10 inserts before an `assign(p, f(p))` (see `scale_into`)
 _COPY_INTO = _generated.InplaceCopy()
 _MUL_INTO = _generated.InplaceMul()
+# Primitives, not Tensor methods (`t.sum()`, `t.astype()`): the graph compiler resolves a Tensor
+# method through MindSpore's overload tables for every gradient shape it meets, which made the
+# finite check's compile cost grow with the number of gradients (see `nonfinite_mark`).
+_SUM = ops.ReduceSum()
+CAST = ops.Cast()
+_MUL = ops.Mul()
 
 
 def zero(x):
@@ -68,14 +74,14 @@ def _total(t):
     finite marks in 18.3 against 15.2 ms; and the accumulating ResNet-18 step with dynamic scaling,
     clipping and EMA peaked at 1005 against 1053 MB of RSS (ResNet-50: 1600 against 1649 MB; one
     run each, and MindSpore's compile moves a peak by up to ~30 MB between runs)."""
-    return t.sum(axis=0).sum() if t.ndim >= 2 else t.sum()
+    return _SUM(_SUM(t, 0)) if t.ndim >= 2 else _SUM(t)
 
 
 def square_sum(g):
     """The float32 sum of squares of `g` (see `_total` for how it is summed; relative error against
     float64 3.4e-8 over ResNet-18's weights)."""
-    g = g.astype(ms.float32)
-    return _total(g * g)
+    g = CAST(g, ms.float32)
+    return _total(_MUL(g, g))
 
 
 def all_finite(g):
@@ -90,7 +96,7 @@ def nonfinite_mark(g):
     (`_total`), where `isfinite` + `all` are two elementwise passes and MindSpore 2.10's CPU
     `ReduceAll` is slow: over ResNet-18's 20 conv weights (11.2 M elements, AMD EPYC, 2 cores)
     26.7 ms as `isfinite().all()`; profiled, `ReduceAll` was 29 % of the composed ResNet-18 step."""
-    return _total(g * 0).astype(ms.float32)
+    return CAST(_total(_MUL(g, 0.0)), ms.float32)
 
 
 def clamp(limit, g):

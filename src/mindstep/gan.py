@@ -37,7 +37,7 @@ from typing import Any, Callable
 import mindspore as ms
 from mindspore import nn, ops
 
-from . import _compile, _discover
+from . import _compile, _discover, _porting
 from ._context import pynative_mode
 from . import checkpoint as _checkpoint
 from . import clip as _clip
@@ -49,7 +49,7 @@ from . import nonfinite as _nonfinite
 from . import precision as _precision
 from . import schedules as _schedules
 from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
-from ._graph import Counter, Stages, _objective
+from ._graph import Counter, Stages, _objective, aux_items
 from .accumulate import NoAccumulate
 from .dist import reduce as _reduce
 
@@ -201,14 +201,18 @@ class GANGraph(nn.Cell):
 
     def _d_phase(self, fake, batch):
         (_, (loss, _, aux, parts)), grads = self.d_grad(fake, *batch)
-        metrics = self.d.apply(loss, grads)
-        return metrics, tuple(parts.values()) + tuple(aux.values()), tuple(parts.keys()) + tuple(aux.keys())
+        return _phase_outputs(self.d.apply(loss, grads), aux, parts)
 
     def _g_phase(self, fake, vjp_fn, batch):
         (_, (loss, _, aux, parts)), dfake = self.g_grad(fake, *batch)
         grads = vjp_fn(dfake)[1]  # (the inputs' gradients, the weights' gradients)
-        metrics = self.g.apply(loss, grads)
-        return metrics, tuple(parts.values()) + tuple(aux.values()), tuple(parts.keys()) + tuple(aux.keys())
+        return _phase_outputs(self.g.apply(loss, grads), aux, parts)
+
+
+def _phase_outputs(metrics, aux, parts):
+    """One objective's outputs: its metrics, then its loss parts' and aux outputs' values and names."""
+    values, names = aux_items(aux)
+    return metrics, tuple(parts.values()) + values, tuple(parts.keys()) + names
 
 
 class GANStep:
@@ -298,6 +302,11 @@ class GANStep:
                             "from d_loss to report parts of it.")
         self.reduce, self.world_size = _reduce.resolve(reduce)
         _distinct_state(d_optimizer, g_optimizer)
+        for arg, fn in (("d", d_loss), ("g", g_loss)):
+            _porting.check_scaler_calls(_discover.find(fn).scaler_calls, "GANStep",
+                                        f"GANStep(..., {arg}_options={{'loss_scale': loss_scaler}})")
+        if plan.scope != "none":
+            _porting.check_converted([generator, discriminator], precision, "GANStep")
         self.generator, self.discriminator = generator, discriminator
         self.cells = [generator, discriminator]
         self.nets = self.cells

@@ -49,6 +49,9 @@ WHITE_LIST = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Conv1dTranspose, nn.Conv2dTran
               nn.Dense, nn.LSTMCell, nn.RNNCell, nn.GRUCell)
 BLACK_LIST = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm)
 LEVELS = ("O0", "O1", "O2", "O3")
+#: set on each network `apply` converts: a later step on the same network knows the `to_float` flags
+#: are its own, not a conversion of the user's (`mindstep._porting.check_converted`)
+MARK = "_mindstep_precision"
 
 
 def _check_dtype(field: str, value) -> str:
@@ -184,6 +187,7 @@ def apply(p: Plan, nets, loss_cells=()) -> dict:
     changed = {}
     if p.scope != "none":
         for net in nets:
+            setattr(net, MARK, str(p.policy))
             if p.scope == "all":
                 net.to_float(compute)
                 changed[type(net).__name__] = p.policy.compute

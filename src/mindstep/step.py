@@ -10,7 +10,7 @@ from mindspore import nn
 import contextlib
 import time
 
-from . import _compile, _discover
+from . import _compile, _discover, _porting
 from . import checkpoint as _checkpoint
 from . import accumulate as _accumulate
 from . import clip as _clip
@@ -92,8 +92,13 @@ class TrainStep:
     """Compile `forward` + gradients + `optimizer` into one graph-mode training step.
 
     Args:
-        forward: the user's function `forward(*batch)`; returns a scalar loss tensor, or
-            `(loss, aux)` where `aux` is a dict of tensors that come back as metrics. It must be a
+        forward: the user's function `forward(*batch)`; returns a scalar loss tensor, `(loss, aux)`
+            where `aux` is a dict of tensors that come back as metrics, or `(loss, tensor, ...)` as
+            MindSpore's tutorials return for `value_and_grad(..., has_aux=True)`: the tensors after
+            the loss come back as the metrics ``aux1``, ``aux2``, ... (their place in the tuple). It
+            must not scale its loss with a loss scaler (pass the scaler as `loss_scale=`) nor divide
+            it by the accumulation steps (the step averages them); the step refuses the first and
+            warns about the second (`mindstep.PortingWarning`). It must be a
             `def` (MindSpore cannot compile lambdas), or a method of your Cell or object. The step
             finds the networks it uses by reading its code (`mindstep._discover.find`): closures,
             the globals and attributes it uses (`net`, `self.net`), the functions and methods it
@@ -122,6 +127,8 @@ class TrainStep:
         precision: ``"O0"`` (default), ``"O1"``, ``"O2"``, ``"O3"``, a policy string such as
             ``"p=f32,c=f16,o=f32"`` or a `mindstep.Precision`; see `mindstep.precision` for exactly
             what each level casts. O2/O3 turn on ``loss_scale="dynamic"`` unless `loss_scale` is given.
+            Refused for a network already converted by `mindspore.amp.auto_mixed_precision`,
+            `custom_mixed_precision` or `to_float(float16)`: keep one of the two conversions.
         keep_fp32: Cell types and/or name patterns (``[nn.BatchNorm2d, "head.*"]``) kept in float32.
         lr_schedule: a `mindstep.schedules` schedule, evaluated inside the graph from the update
             counter; sets every optimizer group's LR (keeping the groups' ratios) before each update.
@@ -244,6 +251,11 @@ class TrainStep:
             ["optimize=..."] if optimize is not None else [])
         networks = _discover.resolve(forward, optimizer, nets, needs=needs,
                                      owners=[losses] if isinstance(losses, nn.Cell) else [])
+        # idioms of a hand-written loop that the step already does (MindSpore's tutorials): refused or warned
+        _porting.check_scaler_calls(networks.scaler_calls)
+        if plan.scope != "none":
+            _porting.check_converted(networks.trained, precision)
+        _porting.check_predivided(forward, k)
         self.cells = networks.cells
         self.nets = networks.trained
         # what `optimize=` rewrites: the trained networks and the Cells without any parameter that
