@@ -2,6 +2,7 @@
 correct snippets alone; JSON schema; exit codes; --explain."""
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -55,6 +56,17 @@ CASES = {
         @ms.jit
         def step(x):
             return x * lr  # BAD
+        """, """
+        SCALE = 1.0
+        def train(data):
+            for x in data:
+                step(x)
+        @ms.jit
+        def step(x):
+            return x * SCALE  # BAD
+        train(data)
+        SCALE = 2.0
+        train(data)
         """], [
         """
         SCALE = 1.0
@@ -67,6 +79,20 @@ CASES = {
         def step(x, SCALE):
             return x * SCALE
         SCALE = 2.0
+        """, """
+        model = nn.Dense(4, 2)
+        model = ms.amp.auto_mixed_precision(model, 'O2')
+        @ms.jit
+        def step(x):
+            return model(x)
+        """, """
+        SCALE = 1.0
+        @ms.jit
+        def step(x):
+            return x * SCALE
+        SCALE = 2.0
+        for x in data:
+            step(x)
         """]),
     "MS003": ([
         """
@@ -589,6 +615,15 @@ def test_mindstep_style_training_code_has_no_findings():
                 print(epoch, i, float(m["loss"]))
         """)
     assert analyze_source(src) == []
+
+
+def test_mindspores_tutorial_loops_and_their_ports_have_no_findings():
+    """The regression corpus of MindSpore's own tutorials (`tests/tutorials`: the quick start, mixed
+    precision, gradient accumulation, a LeNet `Model.train` script, a Transformer notebook) as
+    published, and their mindstep ports."""
+    folder = Path(__file__).with_name("tutorials")
+    assert len(list(folder.glob("*.py"))) == 10
+    assert analyze_paths([str(folder)]) == []
 
 
 def test_json_schema_and_exit_code_1_on_errors(tmp_path, capsys):

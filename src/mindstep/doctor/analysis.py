@@ -79,9 +79,11 @@ class Module:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, []).append(node)
         self.module_assign_counts: dict[str, int] = {}
+        self.module_assign_lines: dict[str, list] = {}  # name -> the lines of its module-level assignments
         for node in tree.body:
             for target in _assign_targets(node):
                 self.module_assign_counts[target] = self.module_assign_counts.get(target, 0) + 1
+                self.module_assign_lines.setdefault(target, []).append(node.lineno)
         self.global_writes = set()
         for node in self.nodes:
             if isinstance(node, ast.Global):
@@ -128,6 +130,34 @@ class Module:
             if not changed:
                 break
         return found
+
+    @functools.cached_property
+    def runs_jit(self) -> set:
+        """Names of the jitted functions and of this file's functions that call one (transitively)."""
+        calls = {id(fn): [c for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+                 for defs in self.functions.values() for fn in defs}
+        runs = set(self.jit_names)
+        for _ in range(len(self.functions) + 1):
+            more = {fn.name for defs in self.functions.values() for fn in defs
+                    if fn.name not in runs and any(c.func.id in runs for c in calls[id(fn)])}
+            if not more:
+                break
+            runs |= more
+        return runs
+
+    @functools.cached_property
+    def first_run_line(self) -> int | None:
+        """The line of the first module-level statement that runs compiled code (calls a jitted
+        function or a function that calls one); None when no statement is seen to."""
+        if not self.jit_names:
+            return None
+        for statement in self.tree.body:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in self.runs_jit
+                   for c in ast.walk(statement)):
+                return statement.lineno
+        return None
 
     @functools.cached_property
     def scope_of(self) -> dict:
@@ -338,13 +368,33 @@ def _check_graph_function(mod: Module, fn, add) -> None:
                     add(node, "MS007")
                     break
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in local:
-            if mod.module_assign_counts.get(node.id, 0) > 1 or node.id in mod.global_writes:
+            if node.id in mod.global_writes or _rebound_after_compile(mod, node.id, fn):
                 add(node, "MS002")
     _check_allreduce(fn, opt_call_line, add)
     if fn.name in mod.jit_names or fn.name in mod.jit_wrapped or any(_is_jit(mod, d) for d in fn.decorator_list):
         for arg in fn.args.args:
             if arg.arg in ("net", "network", "model", "optimizer", "opt", "loss_fn"):
                 add(arg, "MS015")
+
+
+def _rebound_after_compile(mod, name: str, fn) -> bool:
+    """A module-level name assigned again at a point where `fn` may have been compiled already: after
+    the first module-level statement that runs compiled code (`Module.first_run_line`), or, where no
+    such statement is seen, after `fn`'s definition. A network rebound before anything compiled
+    (`model = auto_mixed_precision(model, 'O2')` under `model = Network()`) is read at its last value."""
+    lines = mod.module_assign_lines.get(name, [])
+    if len(lines) < 2:
+        return False
+    since = mod.first_run_line or _top_statement(mod, fn).lineno
+    return any(line > since for line in lines[1:])
+
+
+def _top_statement(mod, node):
+    """The module-level statement that holds `node` (a function, or the class around a method)."""
+    for parent in _ancestors(mod, node):
+        if mod.parents.get(parent) is mod.tree:
+            return parent
+    return node
 
 
 def _accumulates_into(value, name: str) -> bool:
@@ -511,13 +561,7 @@ def _check_loads(mod, add) -> None:
     for node in mod.nodes:
         if isinstance(node, ast.Call) and id(scope_of[node]) in calls:
             calls[id(scope_of[node])].append(node)
-    runs_jit = set(mod.jit_names)
-    for _ in range(len(mod.functions) + 1):  # functions that (transitively) call a jitted one
-        more = {fn.name for fn in scopes[1:] if fn.name not in runs_jit and any(
-            isinstance(c.func, ast.Name) and c.func.id in runs_jit for c in calls[id(fn)])}
-        if not more:
-            break
-        runs_jit |= more
+    runs_jit = mod.runs_jit
     used = _names_used_by_graph_code(mod)
     for scope in scopes:
         jit_lines = [c.lineno for c in calls[id(scope)] if isinstance(c.func, ast.Name) and c.func.id in runs_jit]
