@@ -84,7 +84,7 @@ def _objective(forward, scale, normalize: str, combine):
     if combine is not None:
         def objective(*batch):
             out = forward(*batch)
-            value, aux = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+            value, aux = (out[0], out[1:]) if isinstance(out, tuple) else (out, {})
             if len(aux) == 1 and isinstance(aux[0], dict):
                 aux = aux[0]
             if not isinstance(value, dict):
@@ -110,7 +110,8 @@ def _objective(forward, scale, normalize: str, combine):
     else:
         def objective(*batch):
             out = forward(*batch)
-            loss, aux = (out[0], out[1:]) if isinstance(out, tuple) else (out, ())
+            # `{}` for no aux: the dict path of aux_items, fewer graph nodes than an empty tuple's loop
+            loss, aux = (out[0], out[1:]) if isinstance(out, tuple) else (out, {})
             if len(aux) == 1 and isinstance(aux[0], dict):
                 aux = aux[0]
             if isinstance(loss, (tuple, dict)):
