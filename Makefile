@@ -12,7 +12,7 @@ $(BIN)/python:
 	$(BIN)/pip install --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -e '.[test]'
+	$(BIN)/pip install -e '.[all]'
 	touch $(STAMP)
 
 bench: $(STAMP)

@@ -11,6 +11,7 @@ import importlib as _importlib
 import os as _os
 import sys as _sys
 import types as _types
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 #: whether the user set GLOG_v (then mindstep never touches it)
 _USER_GLOG = "GLOG_v" in _os.environ
@@ -29,6 +30,19 @@ _MODULES = ("checkpoint", "dist", "gan", "loss_scale", "losses", "schedules")
 __all__ = ["Dropout", "GANStep", "NetworkWarning", "NonFiniteError", "PortingWarning", "Precision", "TrainStep", "checkpoint", "dist",
            "gan", "init_distributed", "is_main", "loss_scale", "losses", "optimize", "param_groups", "resumable_dropout",
            "schedules", "shard_args", "__version__"]
+
+if _TYPE_CHECKING:  # what the lazy exports resolve to, for type checkers and API-doc generators
+    from . import checkpoint, dist, gan, loss_scale, losses, schedules
+    from ._discover import NetworkWarning
+    from ._porting import PortingWarning
+    from .dist import init_distributed, is_main, shard_args
+    from .dropout import Dropout, resumable_dropout
+    from .gan import GANStep
+    from .groups import param_groups
+    from .nonfinite import NonFiniteError
+    from .optimize import optimize
+    from .precision import Precision
+    from .step import TrainStep
 
 
 def __getattr__(name):

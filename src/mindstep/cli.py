@@ -492,7 +492,13 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "verbose", False):
         _verbose()
-    return args.func(args)
+    from ._extras import MissingExtraError
+
+    try:
+        return args.func(args)
+    except MissingExtraError as err:  # a feature whose optional packages are not installed
+        print(f"mindstep: {err}", file=sys.stderr)
+        return 2
 
 
 def _verbose() -> None:

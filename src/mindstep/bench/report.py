@@ -131,6 +131,9 @@ def markdown(report: dict) -> str:
 
 def write_outputs(report: dict, out_dir: str) -> list[str]:
     """report.md and bench.png (throughput and peak memory per mode) under out_dir."""
+    from .._extras import require
+
+    require("bench", "mindstep bench's plot")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -5,6 +5,10 @@ What lives here: `config` (the validated configuration: sections, `key=value` ov
 run: data pipeline, progress, metrics, evaluation, checkpoints, resume, summary). It imports the
 step, the checkpoints and `mindstep.dist`; nothing below it imports it.
 """
-from .config import Config, ConfigError, resolve
+from .._extras import require as _require
+
+_require("train", "mindstep train")
+
+from .config import Config, ConfigError, resolve  # noqa: E402
 
 __all__ = ["Config", "ConfigError", "resolve"]
