@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export GLOG_v ?= 3
 
-.PHONY: bench test test-quick clean
+.PHONY: bench test test-quick docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,9 @@ test: $(STAMP)
 test-quick: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow"
 
+# The docs site in site/ (`mkdocs serve` previews it).
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache

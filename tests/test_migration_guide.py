@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "migration.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "migration" / "hand-written-loop.md"
 
 _RUN = """
 import runpy, sys

@@ -5,7 +5,7 @@ composed-operator pass) before compiling. Users write `forward` in many shapes: 
 `net`, a module-level function using a *global* `net` (the README's own style), a method of a Cell
 or of their own object (`self.net`), a function that calls helpers, a `functools.partial`. A
 closure-only search missed globals, and a module-level script then trained BatchNorm in inference
-mode and silently ignored `precision=` (issue 13).
+mode and silently ignored `precision=`.
 
 `find(fn)` follows what the code can reach, without calling it:
 

@@ -1,6 +1,6 @@
 """The step graph: one MindSpore Cell whose `construct` is the whole training step.
 
-Canonical stage order (STYLE.md principle 1). Every call runs, in this order:
+Canonical stage order. Every call runs, in this order:
 
 1. **inputs**: batch elements arrive as tensors (host side converts Python scalars to tensors).
 2. **precision**: the networks run their Cells in the compute dtype (set on the host with

@@ -151,7 +151,8 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path |
             same folder beyond the newest `keep` (None: remove nothing).
 
     Example:
-        >>> step.save(f"runs/ckpt/step-{int(m['step']):06d}.ckpt", keep=3)  # doctest: +SKIP
+        `step.save(f"runs/ckpt/step-{int(m['step']):06d}.ckpt", keep=3)` inside the loop; the
+        quickstart page runs a whole save and resume.
     """
     check_choice("format", format, tuple(FORMATS), "Use 'ckpt' (MindSpore's format) or 'safetensors'.")
     if keep is not None:
@@ -268,9 +269,7 @@ def latest(folder) -> Path | None:
     naming the file. Payloads are verified newest first, so older ones are not read at all.
 
     Example:
-        >>> path = mindstep.checkpoint.latest("runs/ckpt")  # doctest: +SKIP
-        >>> if path is not None:  # doctest: +SKIP
-        ...     step.load(path)
+        `path = mindstep.checkpoint.latest("runs/ckpt")`, then `step.load(path)` when it is not None.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -328,7 +327,7 @@ def load(step, path, *, strict: bool = True) -> dict:
             naming what was skipped.
 
     Example:
-        >>> step.load(mindstep.checkpoint.latest("runs/ckpt"))  # doctest: +SKIP
+        `step.load(mindstep.checkpoint.latest("runs/ckpt"))` before or after the first call.
     """
     if not isinstance(strict, bool):
         raise bad_type("strict", strict, "True or False", "Pass strict=True (refuse a mismatch) or strict=False.")

@@ -65,7 +65,7 @@ class Dropout(nn.Cell):
             `mindspore.set_seed` seeds, so two builds after the same `set_seed` draw the same masks.
 
     Example:
-        >>> net = nn.SequentialCell(nn.Dense(8, 8), mindstep.Dropout(0.1))  # doctest: +SKIP
+        `net = nn.SequentialCell(nn.Dense(8, 8), mindstep.Dropout(0.1))`.
 
     Note:
         Unlike `nn.Dropout`, whose generator lives inside MindSpore's kernel, its state is two
@@ -106,8 +106,8 @@ def resumable_dropout(net: nn.Cell) -> list[str]:
         `<layer>.calls`.
 
     Example:
-        >>> mindstep.resumable_dropout(net)  # doctest: +SKIP
-        ['encoder.0.drop', 'encoder.1.drop']
+        `mindstep.resumable_dropout(net)` returns the swapped layers' names, e.g.
+        `['encoder.0.drop', 'encoder.1.drop']`.
     """
     if not isinstance(net, nn.Cell):
         raise bad_type("net", net, "a mindspore.nn.Cell", "Pass the network whose nn.Dropout layers to replace.")

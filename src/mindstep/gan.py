@@ -227,19 +227,25 @@ class GANStep:
         g_loss: ``g_loss(fake, *batch) -> loss``, ``(loss, aux)``, or with
             ``g_options={"losses": mindstep.losses.weighted({...})}`` a dict of named losses
             (reported as ``loss/g/<name>``).
-        d_optimizer, g_optimizer: MindSpore optimizers over each network's own parameters.
+        d_optimizer: a MindSpore optimizer over the discriminator's own parameters.
+        g_optimizer: a MindSpore optimizer over the generator's own parameters.
         g_inputs: how many leading batch elements the generator takes (default 1: ``batch[0]``).
         order: ``"d_first"`` (default) or ``"g_first"`` (see the module docstring).
         d_steps_per_g: the generator updates every this many iterations (n-critic); D every one.
         g_warmup: the first this many iterations update the generator only.
-        d_options, g_options: each objective's ``loss_scale``, ``clip_grad_norm``,
-            ``clip_grad_value``, ``ema``, ``lr_schedule``, ``losses`` (g only), ``on_nonfinite``,
+        d_options: the discriminator objective's ``loss_scale``, ``clip_grad_norm``,
+            ``clip_grad_value``, ``ema``, ``lr_schedule``, ``on_nonfinite``,
             ``max_consecutive_skips``, as `TrainStep` takes them.
+        g_options: the generator objective's, the same keys and ``losses``.
         precision: one precision level or policy for both networks (`TrainStep(precision=)`); its
             default loss scale (dynamic under O2/O3) applies to each objective unless its options
             set one.
-        jit, name: as for `TrainStep`; the step's Parameters are named ``<name>.d.*``,
-            ``<name>.g.*`` and ``<name>.iteration``.
+        keep_fp32: as for `TrainStep`.
+        jit: as for `TrainStep`.
+        compiler: as for `TrainStep`.
+        name: the prefix of the step's Parameters: ``<name>.d.*``, ``<name>.g.*`` and
+            ``<name>.iteration``.
+        reduce: data parallel, as for `TrainStep`.
         optimize: the composed-operator pass over both networks (`TrainStep(optimize=)`), run at
             the first call before anything compiles.
 
@@ -250,10 +256,9 @@ class GANStep:
         ``applied/<o>`` (False). The user's aux values come back as ``<key>/<o>``.
 
     Example:
-        >>> step = GANStep(G, D, d_loss, g_loss, nn.Adam(D.trainable_params(), 1e-4),  # doctest: +SKIP
-        ...                nn.Adam(G.trainable_params(), 1e-4), g_options={"ema": 0.999})
-        >>> m = step(lr_images, hr_images)  # doctest: +SKIP
-        >>> float(m["loss/d"]), float(m["loss/g"])  # doctest: +SKIP
+        `step = GANStep(G, D, d_loss, g_loss, nn.Adam(D.trainable_params(), 1e-4),
+        nn.Adam(G.trainable_params(), 1e-4), g_options={"ema": 0.999})`, then `m = step(lr_images,
+        hr_images)` and `float(m["loss/d"])`, `float(m["loss/g"])`; the GAN how-to page runs a whole one.
     """
 
     # settings that change what the saved state means (see mindstep.checkpoint.STRUCTURAL)

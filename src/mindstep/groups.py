@@ -49,8 +49,8 @@ def param_groups(net: nn.Cell, *, weight_decay: float = 0.0, no_decay=("bias", "
         A list of dicts `{"params": [...], "weight_decay": wd[, "lr": lr]}` (empty groups dropped).
 
     Example:
-        >>> groups = param_groups(net, weight_decay=1e-4, lr=1e-3, lr_scale={"head.*": 10.0})  # doctest: +SKIP
-        >>> opt = nn.AdamWeightDecay(groups, learning_rate=1e-3)  # doctest: +SKIP
+        `opt = nn.AdamWeightDecay(param_groups(net, weight_decay=1e-4, lr=1e-3, lr_scale={"head.*": 10.0}),
+        learning_rate=1e-3)`.
     """
     if not isinstance(net, nn.Cell):
         raise bad_type("net", net, "a mindspore.nn.Cell", "Pass your network.")

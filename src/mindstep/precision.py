@@ -30,7 +30,7 @@ Loss Cells that the forward closes over (they own no trainable parameters) get `
 operators via its rewrite pass, which returns a *new* network object the forward would not see;
 mindstep's O1 is Cell-level, which is why we list exactly what it casts.
 
-On CPU, fp16 kernels run but are 2-3x slower than fp32 (shared notes), and bf16 has no CPU kernels:
+On CPU, fp16 kernels run but are 2-3x slower than fp32 (MindSpore 2.10), and bf16 has no CPU kernels:
 a bf16 policy on CPU is refused before compiling.
 """
 from __future__ import annotations

@@ -312,8 +312,8 @@ class TrainStep:
         """Build a step for the common case `loss_fn(net(x), *targets)`.
 
         Example:
-            >>> step = TrainStep.from_net(net, nn.CrossEntropyLoss(), opt)  # doctest: +SKIP
-            >>> step(images, labels)["loss"]  # doctest: +SKIP
+            `step = TrainStep.from_net(net, nn.CrossEntropyLoss(), opt)`, then
+            `step(images, labels)["loss"]`.
         """
         if not isinstance(net, nn.Cell):
             raise bad_type("net", net, "a mindspore.nn.Cell", "Pass your network instance.")
@@ -372,7 +372,7 @@ class TrainStep:
         ranks return None.
 
         Example:
-            >>> step.save("runs/ckpt/step-000100.ckpt", keep=3)  # doctest: +SKIP
+            `step.save("runs/ckpt/step-000100.ckpt", keep=3)`.
         """
         return _checkpoint.save(self, path, format=format, keep=keep)
 
@@ -380,7 +380,7 @@ class TrainStep:
         """Load a checkpoint into this step in place (`mindstep.checkpoint.load`); returns its manifest.
 
         Example:
-            >>> step.load(mindstep.checkpoint.latest("runs/ckpt"))  # doctest: +SKIP
+            `step.load(mindstep.checkpoint.latest("runs/ckpt"))`.
         """
         return _checkpoint.load(self, path, strict=strict)
 
@@ -390,8 +390,7 @@ class TrainStep:
         after the block, also when it raises.
 
         Example:
-            >>> with step.ema_weights():  # doctest: +SKIP
-            ...     evaluate(net)
+            `with step.ema_weights(): evaluate(net)`.
         """
         if not isinstance(self.graph.ema, _ema.EMA):
             raise ValueError("ema_weights() needs a step built with `ema=<decay>`, but this one has ema=None. "
@@ -428,8 +427,7 @@ class TrainStep:
         number of graphs compiled (0 when they were compiled already).
 
         Example:
-            >>> step.compile(images, labels)  # doctest: +SKIP
-            >>> m = step(images, labels)  # runs, no compile
+            `step.compile(images, labels)`, then `m = step(images, labels)` runs without compiling.
         """
         if self.compiler != "cell":
             raise ValueError(f"step.compile(*batch) builds a GRAPH_MODE Cell step ahead of its first call, but this "

@@ -28,7 +28,7 @@ MODES = ("pynative", "jit", "jit-all", "jit-nocheck", "jit-accum", "jit-big", "j
 OPT_MODES = ("jit-opt", "jit-opt-fuse")  # the modes that run the composed-operator pass
 
 # What jit-opt turns on, per device, and why. On CPU, fp16 kernels are 2-3x slower than fp32 and
-# bf16 kernels are missing (shared notes), so the best precision there is fp32.
+# bf16 kernels are missing, so the best precision there is fp32.
 OPT_SETTINGS = {
     "CPU": {"precision": "fp32", "note": "fp32 (fp16 is slower on CPU, bf16 has no CPU kernels) + "
             "composed-operator pass (measured per layer)"},

@@ -28,7 +28,7 @@ def _peak_mem_mb() -> tuple[float, str]:
         device = float(ms.runtime.max_memory_allocated()) / 2**20
     except Exception:
         device = 0.0
-    if device > 0:  # MindSpore reports 0 on CPU (shared notes), real figures on GPU/Ascend
+    if device > 0:  # MindSpore reports 0 on CPU, real figures on GPU/Ascend
         return device, "device max_memory_allocated"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "process peak RSS"
 

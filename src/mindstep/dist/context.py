@@ -31,8 +31,8 @@ def init_distributed() -> tuple[int, int]:
     inside this call, so code before it runs once more than the workers.
 
     Example:
-        >>> rank, world = mindstep.init_distributed()  # doctest: +SKIP
-        >>> step = mindstep.TrainStep(forward, opt)     # reduce="auto": averages across `world` ranks
+        `rank, world = mindstep.init_distributed()` at the top of the script; a
+        `mindstep.TrainStep(forward, opt)` built after it averages across the `world` ranks.
     """
     if not _launched():
         return 0, 1
@@ -74,7 +74,7 @@ def shard_args(rank_: int | None = None, world: int | None = None) -> dict:
     uneven tail by wrapping around).
 
     Example:
-        >>> data = ds.NumpySlicesDataset({"x": X, "y": Y}, shuffle=True, **mindstep.shard_args())  # doctest: +SKIP
+        `ds.NumpySlicesDataset({"x": X, "y": Y}, shuffle=True, **mindstep.shard_args())`.
     """
     world = world_size() if world is None else world
     rank_ = rank() if rank_ is None else rank_

@@ -315,6 +315,6 @@ def launch(cmd, **settings) -> int:
     through msrun; returns the exit status (0 when every local worker finished with status 0).
 
     Example:
-        >>> launch(["python", "train.py"], nproc=2)  # doctest: +SKIP
+        `launch(["python", "train.py"], nproc=2)`, what `mindstep launch --nproc 2 -- python train.py` runs.
     """
     return Launch(Job(cmd=list(cmd), **settings)).run()

@@ -1,7 +1,7 @@
 """`mindstep doctor --explain`: map a MindSpore traceback to a plain explanation and a fix.
 
-Each entry is a pattern seen on MindSpore 2.10 (most measured on this project's machines, see the
-shared notes) with what it means and what to do. Unknown tracebacks get an honest "not known".
+Each entry is a pattern seen on MindSpore 2.10 (most measured on this project's
+machines) with what it means and what to do. Unknown tracebacks get an honest "not known".
 """
 from __future__ import annotations
 

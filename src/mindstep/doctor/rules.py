@@ -1,6 +1,6 @@
 """The doctor's rules: stable ids, severity, what goes wrong at run time, and the fix.
 
-Each rule records a pitfall measured on MindSpore 2.10 (see the project's shared notes) or found
+Each rule records a pitfall measured on MindSpore 2.10 or found
 while building mindstep. `error`: the code runs but computes something else, or fails; `warning`:
 it works but costs recompiles, host syncs or readability.
 """

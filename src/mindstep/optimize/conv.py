@@ -1,7 +1,7 @@
 """`nn.Conv2d` as im2col + GEMM, with a backward pass written as GEMMs too.
 
 Why: MindSpore 2.10's CPU `Conv2D` and `Conv2DBackpropInput` kernels run near 1 GFLOP/s while a GEMM
-runs near 150 GFLOP/s on the same machine (shared notes). The composed form:
+runs near 150 GFLOP/s on the same machine. The composed form:
 
 - forward: `y = W(K, C*k*k) @ unfold(pad(x))`, one (batched) GEMM;
 - weight gradient: where the layer's input gradient is taken (every layer but one whose input is the

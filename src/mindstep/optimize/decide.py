@@ -33,12 +33,8 @@ FORMULATION = "gemmconv-22"
 # timed alone does not show the cost of its extra buffers inside a whole training graph (rrdbnet:
 # one-GEMM layers won alone by 1.2x, yet the whole step ran faster and 1.9x leaner with batched).
 MEMORY_MARGIN = 1.25
-# A composed conv form must be this much faster than native to be chosen: a near tie timed alone can
-# lose inside the step. Measured on an AMD EPYC (family 25 model 1, AVX2; batch 4, 32 px): rrdbnet's
-# two 32->32 layers on 64x64 maps timed batched 49.6 vs native 50.0 ms alone and were composed; the
-# step then ran 435-521 ms (median 472) against native's 412-448 (median 416) in 5 interleaved rounds.
-# ResNet-18's near ties there (batched+native-dw 10.8 vs native 10.9 ms on 8x8 maps) bought nothing
-# either: its step with only the clear wins composed ran as fast as with them (140-156 vs 138-164 ms).
+# A composed conv form must beat native by this factor: a near tie timed alone can lose in the step.
+# Measurements: docs/design/composed-pass.md#conv_margin
 CONV_MARGIN = 1.1
 
 
@@ -69,12 +65,8 @@ def key(device: str, conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = Tr
             + f"|in{tuple(shape)} {dtype}" + ("" if input_grad else " no-dx"))
 
 
-# A layer whose channel counts are both within this factor of a measured layer's, with the same
-# geometry otherwise (kernel, stride, dilation, pads, bias, group kind, batch, spatial size, dtype),
-# takes that layer's decision instead of being measured (`neighbour`). Checked on mindcv models' fully
-# measured tables (batch 16, 32 px, AMD EPYC): DenseNet-121 56 of 60 layers with such a neighbour
-# had its decision, MobileNetV2 15 of 17; each of the others lost at most 0.6 ms by its own timings
-# (near ties: 1.02 vs 0.97 ms, 5.99 vs 5.43 ms).
+# A layer within this factor of a measured layer's channel counts (same geometry otherwise) takes its decision.
+# Measurements: docs/design/composed-pass.md#share_factor
 SHARE_FACTOR = 2.0
 
 _KEY = re.compile(r"^(?P<head>.*\|conv2d )(?P<cin>\d+)->(?P<cout>\d+) (?P<geo>k.*?)(?: group(?P<group>\d+))?"
@@ -138,33 +130,8 @@ def shared(entry: dict, source: str, cache_key: str) -> dict:
                       f"{SHARE_FACTOR:g}x; times scaled by multiply-adds): " + entry["reason"]}
 
 
-# A layer with no measured neighbour in width (`neighbour`) may take, without measuring, a composed
-# decision measured on a layer of the same geometry on a larger map (`ancestor`): the same kernel,
-# stride, dilation, pads, bias, group kind, batch, dtype and input-gradient need, any channels, more
-# input positions but at most `INHERIT_POSITIONS` times its own, where the chosen form beat native by
-# at least `INHERIT_RATIO`. It takes its own lead form (`inherited_form`: one GEMM on small maps, else
-# batched), and is not checked against native here (as a shared decision is not; the forms are tested
-# over a grid). Not the per-direction variant even where the source chose it: whether MindSpore's
-# weight-gradient kernel beats the GEMM changes with the shape (ResNet-18 here: 1.19x faster on 8x8
-# maps, 0.93x on 2x2), and carrying it over was no better in whole steps (in one process, 12
-# interleaved rounds: ResNet-18 96.3 vs 94.5 ms lead only, a first try 106.2 vs 99.0 with every layer
-# measured; EfficientNet-B0 199.9 vs 201.2; GhostNet 141.2 vs 147.1).
-# Why: the pass's first call is mostly one probe compile per measured layer shape, and where native
-# convolutions are slow a ResNet's layers win by 6-45x at every map size.
-# Checked against fully measured tables (every distinct shape timed, batch 16, 32 px, Intel Xeon family
-# 6 model 167, 2026-12-06; the pass visits larger maps first): over the bench's ResNet-18 and -50 and
-# mindcv's ResNet-18, MobileNetV2, MobileNetV3-small, EfficientNet-B0, GhostNet, RegNetX-200MF,
-# ShuffleNetV2 and DenseNet-121, 201 of 327 shapes are measured with `neighbour` alone and 172 with this
-# rule too (ResNet-18 11 -> 5, ResNet-50 20 -> 14). By their own timings alone, the 31 inherited
-# layers' lead forms cost 0.0-4.5 ms per model against their measured choices (of 27-170 ms summed over
-# each model's shapes; the most, 4.3 ms, one EfficientNet depthwise layer whose variant won alone); none
-# was measured native, and their own measured leads over native were 1.5x or more (with 64x the
-# positions allowed, depthwise layers on 2x2 and 1x1 maps would have come in at 1.1x). Wins shrink on
-# smaller maps for some kinds (depthwise 3x3: 5.9x at 16x16, 1.9x at 2x2, native at 1x1; 1x1 stride-1
-# layers are native at 2x2 and larger but win at 1x1), so the margin matters: at a ratio of 3, one of
-# those layers would have been composed against its measured native choice, at 2 five (0.1-2.4 ms
-# each); a source on a map of the same size (what `neighbour` bounds by width) put 20 of DenseNet's
-# 2x2 1x1 layers on one 3.0x layer's choice at 3.
+# A layer without a width neighbour takes a composed decision from a larger map of its geometry won by this ratio.
+# Measurements: docs/design/composed-pass.md#inherit_ratio
 INHERIT_RATIO = 4.0
 INHERIT_POSITIONS = 16
 
@@ -317,13 +284,8 @@ REPEATS = 7
 CLEAR_RATIO = 2.0
 
 
-# A probe's first call after its compile (`_Timed.first`: compiled apart, `Cell.compile`) counts as one
-# of its timed calls when it took at least this long: its one-time costs are then noise. Measured on an
-# AMD EPYC family 25 model 17 (a 64->64 3x3 conv, forward + backward, GRAPH_MODE): at (2, 64, 4, 4) the
-# first call took 11.0 ms against 5.3-7.5 after it, at (4, 64, 8, 8) 44.6 vs 46.7-48.2, at
-# (16, 64, 16, 16) 539 vs 531-630, at (32, 64, 56, 56) 17.8 s vs 21.2-21.9 s. At 224 px, batch 32, a
-# native ResNet-50 3x3 layer's call takes 13-17 s there, and one call less per such layer is about a
-# third of the pass's time.
+# A probe's first call after compiling counts as a timed call when it took at least this long.
+# Measurements: docs/design/composed-pass.md#first_sample_ms
 FIRST_SAMPLE_MS = 1000.0
 
 
@@ -356,14 +318,8 @@ class _Timed:
         return statistics.median(times)
 
 
-# A composed form chosen with a lead over native of less than this is timed again, alternating call by
-# call with native (`CONFIRM_PAIRS` pairs), and kept only if it still beats native by the margin there.
-# Each form is otherwise timed in a block of its own, so a load that comes and goes between the blocks
-# (another process, a test run) moves the comparison: on an AMD EPYC family 25 model 1 (native convs
-# fast), ResNet-50 at 224 px, batch 32, composed 16 of 53 convs (1x1 layers timed 1.11-1.18x faster than
-# native) with other work running and 1 of 53 without; quiet, the 16-layer step was 0.98x `jit`. Under
-# a load of one busy core, on and off every 2 s, a native block came out 1.8x slower than alternating
-# calls gave, so the bound is CLEAR_RATIO, past which no form is timed further anyway.
+# A composed form that leads native by less than this is re-timed alternating call by call with native.
+# Measurements: docs/design/composed-pass.md#confirm_ratio
 CONFIRM_RATIO = CLEAR_RATIO
 CONFIRM_PAIRS = 5
 
@@ -385,23 +341,13 @@ def time_layer(layer: nn.Cell, x, r, repeats: int = REPEATS, input_grad: bool = 
     return timed.time(repeats), values
 
 
-# At this many output positions or fewer, the batched forms (the kernel broadcast over the batch, one
-# small GEMM per sample) are not timed when a one-GEMM form exists. Over the 226 layer shapes measured on
-# this project's AMD EPYC (ResNet-18/50, mindcv MobileNetV2, DenseNet-121, RegNetX, ShuffleNetV2, 32 px),
-# batched / one-gemm at <= 4 positions was never below 1.66x (1x1 s1: 2.0-48x, 3x3 s1: 3.7-14x, 3x3 s2:
-# 1.7-18x); at 16 positions it went down to 0.52x, so larger maps time both.
+# At this many output positions or fewer the batched forms are not timed where one GEMM exists.
+# Measurements: docs/design/composed-pass.md#batched_min_positions
 BATCHED_MIN_POSITIONS = 5
 
 
-# The "+phases" forms differ from the others only in the input gradient (by stride phases, see
-# `conv._PhaseGrad`; forward and weight gradient are the same graphs), so:
-# - a layer without an input gradient (its input is the batch: a strided stem) times only the others;
-# - a strided 1x1 conv (a ResNet downsample) times only the "+phases" forms: its input gradient
-#   touches one stride phase of the input, which they compute alone (the other phases are zeros),
-#   where the other forms correlate the zero-inserted output gradient over the whole map. In the 45
-#   such measurements this project's decision caches held (ResNet-18/50 at 32 and 64 px, AMD EPYC,
-#   2026-11/12), the best other form took 1.06-7.3x the best "+phases" form's time (median 2.5x; the
-#   smallest ratios on 2x2 inputs), never less.
+# The "+phases" forms differ only in the input gradient: layers without one skip them, strided 1x1 convs time only them.
+# Measurements: docs/design/composed-pass.md#phases
 
 
 def plausible_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> tuple:
@@ -420,28 +366,14 @@ def plausible_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> t
     return forms
 
 
-# Where a layer has several composed forms, one (`lead_form`) is timed first, then native; if it takes
-# over CLEAR_RATIO times native, the others are not compiled or timed. Compiling the probes is most of
-# the pass (ResNet-18 at 32 px, batch 16, empty cache, AMD EPYC family 25 model 1: 22.5 of 26.5 s, 0.5-1.0
-# s per composed probe), and on CPUs whose native convolutions are fast most layers have every form
-# far behind native: there, 64->64 on 8x8 timed batched 16.0 and one-gemm 16.4 against native 7.8 ms,
-# and 64->128 stride 2 on 8x8 all four forms 18.4-24.3 against 5.8. The per-direction variant is not
-# timed either then (it needs its base within CLEAR_RATIO). Where native is slow (the Zen 4 EPYC) the
-# lead is within the ratio and every form is timed, as before.
+# The lead form is timed first; over CLEAR_RATIO times native, the layer's other forms are skipped.
+# Measurements: docs/design/composed-pass.md#lead_screen
 LEAD_SCREEN = True
-# And the other way round: where the lead takes under 1/CLEAR_RATIO of native's time, the other forms
-# are not timed either (the per-direction variant of the lead still is). Where native convolutions are
-# slow, every layer is such a case, and the forms differ far less among themselves than from native: on
-# an Intel Xeon (family 6 model 167, AVX-512, batch 16, 32 px) ResNet-18's 11 layer configurations
-# timed native at 12.6-147 ms and their leads 6-35x faster; the best other form was at most 10 %
-# faster than the lead (a strided 1x1 layer: batched+phases 1.8 vs 2.0 ms), and with each lead's
-# per-direction variant timed as before every layer got the form it got with all timed (or one within
-# 3 %). That is 9 of the pass's 30 composed probes, ~0.3 s of compile each.
+# Under 1/CLEAR_RATIO of native's time, the lead decides without timing its rivals.
+# Measurements: docs/design/composed-pass.md#lead_decides
 LEAD_DECIDES = True
-# The lead is the one-GEMM form on maps of at most this many output positions, else the batched one
-# (the phase form of that GEMM where only phase forms are plausible): at 16 positions and fewer one GEMM
-# over the folded batch won in this project's caches (128->128 on 4x4: 8.9 vs 17.3 ms), at 64 they tied
-# (16.4 vs 16.0) and from 256 the batched form won (the stem: 11.2 vs 13.8; rrdbnet's 64x64 maps).
+# The lead is one GEMM on maps of at most this many output positions, else the batched form.
+# Measurements: docs/design/composed-pass.md#lead_one_gemm_positions
 LEAD_ONE_GEMM_POSITIONS = 16
 
 
@@ -581,30 +513,17 @@ def timed_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> tuple
     return forms, lead_form(forms, ho * wo)
 
 
-# The other per-direction forms (`conv.NATIVE_FWD_DX`: MindSpore's own forward and input gradient, the
-# weight gradient by GEMM) are not timed here; `force=` can ask for them. Where native forward and input
-# gradient are slow (the Zen 4 EPYC: 800-1630 ms against 6.8-47 ms for the native weight gradient, see
-# `conv.NATIVE_DW`) they cannot win, and where they are fast they did not: on an AMD EPYC family 25
-# model 1 (AVX2, batch 16), alone they took 0.95-1.64x native over nine ResNet-18 and depthwise/grouped
-# shapes (1.04-1.29x on ResNet-18's 3x3 layers, never the 1.1x `CONV_MARGIN`), and forced on every layer
-# the ResNet-18 step (32 px) ran level with the clear wins alone (139-166 vs 141-156 ms) and rrdbnet's
-# slower than native (529-714 vs 412-448 ms). A probe per layer would only lengthen the first call.
+# The `conv.NATIVE_FWD_DX` forms are never timed here (only `force=` takes them): they did not win where measured.
+# Measurements: docs/design/composed-pass.md#native_fwd_dx
 
 
-# A per-direction variant (a conv form with MindSpore's own weight-gradient kernel) must be this much
-# faster than its form alone to take its place. Measured in whole steps (the bench models, batch 16 and
-# 4, one process, interleaved rounds, AMD EPYC Zen 4) while any faster variant was taken: ResNet-18
-# at 64 px 1.11x faster, at 32 px 1.03-1.14x, ResNet-50 at 32 px level, but rrdbnet 0.93-0.96x, where
-# 32 of 35 layers took variants that were level with their forms alone (20.0 vs 19.9 ms) or slower
-# (they were counted leaner then), and the step peaked 60 MB higher.
+# A per-direction variant (MindSpore's weight-gradient kernel) must beat its form alone by this factor.
+# Measurements: docs/design/composed-pass.md#refine_margin
 REFINE_MARGIN = 1.1
 
 
-# A form of one of the pass's other kinds (`pass_.KINDS`) must be this much faster than native to be
-# chosen: a near tie buys nothing and may cost memory. Measured with the LayerNorm's native-forward
-# form on an AMD EPYC with AVX-512: on the bench BERT it timed level with native (2.2 ms each) yet
-# composing its four LayerNorms raised the step's peak RSS by 55 MB at batch 16 (+7 at batch 2, -1 at
-# batch 64); on a 768-wide BERT it won 1.14x alone, 1.04x in the whole step, for +20 % of peak.
+# A GELU/LayerNorm/cross-entropy form must beat native by this factor: a near tie buys nothing, may cost memory.
+# Measurements: docs/design/composed-pass.md#kind_margin
 KIND_MARGIN = 1.1
 
 
@@ -635,15 +554,8 @@ def measure_kind(kind, layer, shape: tuple, dtype) -> dict:
     return compare(layer, composed, x, r, True, memory, native_margin=KIND_MARGIN, extra=extra, calls=calls)
 
 
-# A layer of the other kinds whose input has at most this many elements is timed as a chain of calls
-# in one probe graph (`kind_calls`, at most KIND_CHAIN_MAX; not under graph-kernel fusion): one call
-# of a small layer is a few ms, of which the probe's own launch, loss and host copies are ~1.3 ms,
-# and its timing moved with warm-up.
-# Measured on an Intel Xeon family 6 model 167 (the bench BERT's (16, 64, 128) LayerNorm, forward and
-# backward, GRAPH_MODE): alone, 15 calls in a row, native 3.1-3.7 and `reduce` 2.7-2.9 ms, but
-# alternating (the pass's confirmation) 3.2-3.4 vs 3.3-3.6, so the pass kept native; yet the whole
-# unfused step ran 12-14 % faster with its four LayerNorms `reduce` (40.3-43.6 vs 46.3-50.9 ms). Chained
-# 8 in a row, alternating: native 3.0 vs reduce 1.8-2.3 ms per call, as the step has it.
+# Layers of the other kinds up to this many input elements are timed as a chain of calls in one probe.
+# Measurements: docs/design/composed-pass.md#kind_chain_elements
 KIND_CHAIN_ELEMENTS = 2**21
 KIND_CHAIN_MAX = 8
 

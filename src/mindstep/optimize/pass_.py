@@ -429,8 +429,7 @@ def optimize(net: nn.Cell, example_inputs, *, device: str | None = None, cache_d
         form's time: the chosen one's, else the fastest), `extra_mb`.
 
     Example:
-        >>> table = mindstep.optimize(net, (images,))  # doctest: +SKIP
-        >>> [r["choice"] for r in table]  # doctest: +SKIP
+        `table = mindstep.optimize(net, (images,))`, then `[r["choice"] for r in table]`.
     """
     if not isinstance(net, nn.Cell):
         raise bad_type("net", net, "a mindspore.nn.Cell", "Pass the network to rewrite.")

@@ -34,7 +34,7 @@ STAGES = (
 REFERENCE = {"esrgan": "the tutorial's own ESRGAN case study (Ascend NPU, full-size ESRGAN; its section 8): baseline "
                        "PyNative 1.2 it/s, 10.4 GB, 48 h to converge -> after jit, mixed precision, accumulation and "
                        "operator fusion 1.8 it/s (1.50x), 7.1 GB (0.68x), 32 h (0.67x)"}
-SLOWER = {("amp", "CPU"): "fp16 kernels are slower than fp32 on CPU (MindSpore 2.10; shared notes)",
+SLOWER = {("amp", "CPU"): "fp16 kernels are slower than fp32 on CPU (MindSpore 2.10)",
           ("recompute", "CPU"): "recomputation trades time for memory: the forward runs twice"}
 
 
