@@ -4,18 +4,9 @@ Light on purpose (no MindSpore import): the command line's help text reads it.
 """
 from __future__ import annotations
 
-# `mindstep bench --warmup`'s default: the compiling call, then MindSpore's CPU kernels' search for
-# their thread count. A CPU kernel that splits its work over threads by `ParallelLaunchAutoSearch`
-# (elementwise arithmetic, GeLU and its gradient, BiasAddGrad, Transpose, reductions; not MatMul or
-# oneDNN's convolutions) runs its first 5 calls as one block, on one thread, then times 2, 4, ... blocks
-# 5 calls each and keeps the fastest (MindSpore's `cpu_kernel.cc`, AVG_COUNT = 5; each kernel of a graph
-# counts its own calls). Measured on an Intel Xeon family 6 model 167 (2 cores; per call, the step
-# compiled apart first): the bench BERT `jit` step 105-112 ms for calls 2-5 and 69-80 ms from call 6,
-# `jit-opt` 68-69 then 43-54 ms; ResNet-18 `jit-opt` 118-131 then 90-94 ms, `jit` (native convs) 1135-1170
-# then 1083-1130 ms. Profiled over calls 2-5 against 7-10 (`jit`): GeLUGrad 78.6 -> 38.2 ms, GeLU 66.0 ->
-# 36.0, BiasAddGrad 19.1 -> 11.5, Transpose 17.3 -> 10.5, MatMul 62.7 -> 62.3, LayerNormGrad 36.2 ->
-# 33.1. With one warm-up call a run timed that first phase, and the modes by how much of each step those
-# kernels are, not as a training run's later steps run.
+# The bench's default warm-up: the compiling call, then the 5 calls each MindSpore CPU kernel runs on
+# one thread before it searches its thread count.
+# Measurements: docs/benchmarks.md#method
 KERNEL_SEARCH_CALLS = 5
 DEFAULT_WARMUP = 1 + KERNEL_SEARCH_CALLS
 

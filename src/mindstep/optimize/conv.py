@@ -31,20 +31,13 @@ from mindspore.ops.operations.array_ops import Im2Col
 
 # "+phases": strided, undilated layers compute the input gradient by stride phases (see _PhaseGrad)
 FORMS = ("batched", "one-gemm", "batched+phases", "one-gemm+phases")
-# Per direction: a form + NATIVE_DW computes the forward and the input gradient as that form does and
-# the weight gradient with MindSpore's own kernel (`Conv2DBackpropFilter`), for layers that run a
-# `_ConvFn` (see `dw_forms`). Measured on an AMD EPYC (Zen 4, AVX-512; MindSpore 2.10 CPU, batch 16,
-# 3x3 pad 1), each direction alone: native forward and input gradient 800-1630 ms, yet native weight
-# gradient 6.8-47 ms against the GEMM's 8.4-50 ms (it recomputes the columns): 11.0 vs 18.1 ms for
-# 128->128 on 16x16, 12.1 vs 26.0 for 256->256 on 8x8 (one-gemm), but 47.5 vs 21.2 for 64->64 on 32x32;
-# depthwise, 3.0 vs 7.4 ms for 96 channels on 16x16 and 2.9 vs 5.0 for 384 on 4x4.
+# A form + NATIVE_DW takes the weight gradient from MindSpore's own kernel, fast on some CPUs whose
+# native forward is slow.
+# Measurements: docs/design/composed-pass.md#native_dw
 NATIVE_DW = "+native-dw"
-# The other way round: a form + NATIVE_FWD_DX computes the forward and the input gradient with
-# MindSpore's own kernels (`Conv2D`, `Conv2DBackpropInput`) and only the weight gradient as that form's
-# GEMM ("batched" or "one-gemm": the stride phases are an input-gradient matter). For CPUs whose native
-# forward and input gradient are fast but whose native weight gradient is not: profiled in a native
-# ResNet-18 jit step (32 px, batch 16, AMD EPYC family 25 model 1, AVX2), Conv2DBackpropFilter took
-# 42 % of the step at 3.6 ms a call, Conv2D 1.7 ms and Conv2DBackpropInput 1.5 ms.
+# A form + NATIVE_FWD_DX keeps MindSpore's forward and input gradient and takes only the weight
+# gradient by GEMM.
+# Measurements: docs/design/composed-pass.md#native_fwd_dx-forms
 NATIVE_FWD_DX = "+native-fwd-dx"
 ALL_FORMS = FORMS + tuple(f + NATIVE_DW for f in FORMS) + tuple(f + NATIVE_FWD_DX for f in FORMS[:2])
 
@@ -440,13 +433,8 @@ class _ConvFn(nn.Cell):
         k = w.shape[0]
         l = self.ho * self.wo
         # Order, not maths: MindSpore 2.10 runs a kernel once its inputs exist, so without these two
-        # dependences a layer's backward temporaries outlive it. (1) The recomputed columns need only
-        # x, which exists from the forward on: they were computed early and every layer's columns
-        # (9x its input for a 3x3 kernel) held until the backward reached it. (2) The weight gradient
-        # does not feed the next layer's backward, so its columns waited beside the input gradient's.
-        # Measured (`mindstep bench --opt-memory-budget none`, every conv composed): rrdbnet 1101 MB
-        # peak, 266 over native jit, -> 822 (native 835); a chain of three batched 3x3 layers grew
-        # 120 MB over one layer, now 16 (native convolutions: 50).
+        # dependences a layer's backward temporaries outlive it.
+        # Measurements: docs/design/composed-pass.md#the-backwards-order
         if _ORDERED_BPROP:
             x = ops.depend(x, dout)
         if self.native_dw:

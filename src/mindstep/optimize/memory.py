@@ -147,14 +147,9 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple, input_grad: bool) -> float:
     return 4.0 * total / 2**20
 
 
-# The fraction of `extra_mb`'s upper bound that a whole training step actually keeps. Measured on CPU
-# (`mindstep bench --modes jit,jit-opt --opt-memory-budget none --json F`, jit-opt's peak RSS over the
-# jit row's, divided by the summed estimate (the report's `extra_mb`) of the composed layers):
-# ResNet-18 at 32 px, batch 16, 114 of 589 MB (0.19); ResNet-50, batch 32, 94 of 966 MB (0.10);
-# rrdbnet -10 of 1051 MB (0). It was 0.5-0.8 while the composed forms used `Transpose` (whose memory
-# MindSpore 2.10 never reuses within a step) and 0.24-0.33 before `_ConvFn.bprop` ordered its work
-# (see there). A bit above the largest figure is used; this is an expectation, not a bound, and
-# `mindstep bench` calibrates its budget by measuring the peak instead.
+# The share of `extra_mb`'s upper bound a whole step keeps (measured 0-0.19); the bench calibrates by
+# measuring instead.
+# Measurements: docs/design/composed-pass.md#retained
 RETAINED = 0.25
 
 # Compile-time memory of one distinct composed configuration (each `_ConvFn` instance is compiled into
@@ -173,17 +168,9 @@ def config_mb(conv: nn.Conv2d, form: str, input_hw) -> float:
     return CONFIG_MB + PHASE_MB * phases
 
 
-# A lower bound of what a native training step adds to the process's memory (peak RSS over the RSS
-# before it), for `optimize=True`'s budget when nothing has measured the native step: a floor, the
-# compiled graph's memory per call of a leaf layer, the activations the backward keeps, and the
-# gradients. Under every one of six networks, native `jit` step (Momentum) after the shape probe,
-# Intel Xeon family 6 model 207, MindSpore 2.10 CPU, batch 16 (rrdbnet 4), 32 px (growth measured /
-# this bound, MB): a 2-conv net 115 / 74 (5 leaf calls), tests/archs MobileNetV2 216-239 / 174 (53),
-# DenseNet 192-195 / 154 (35), ResNet-18 385 / 236 (61 calls, 45 MB of weights), ResNet-50 827 / 555
-# (159, 97 MB), rrdbnet 474 / 208 (61); the floor is kept ~20 % under the tightest of them
-# (tests/test_optimize.py checks two in fresh processes). At 224 px the activations dominate:
-# ResNet-50 at batch 32 grows ~5.7 GB, the bound ~4.5 GB. The process's memory before the pass alone
-# (the earlier reference) is MindSpore's own ~495 MB plus the model: about half these steps' peaks.
+# A lower bound of what a native step adds to the process's memory, for `optimize=True`'s budget when
+# nothing measured it.
+# Measurements: docs/design/composed-pass.md#native_floor_mb
 NATIVE_FLOOR_MB = 60.0
 NATIVE_CALL_MB = 2.0
 
