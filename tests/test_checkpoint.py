@@ -338,3 +338,18 @@ def test_a_save_killed_at_any_moment_leaves_a_loadable_checkpoint(tmp_path):
         step.load(path)
         for name, p in state(step).items():
             assert np.all(p.asnumpy() == index), f"{path.name}: {name} is not the saved value {index}"
+
+
+def test_a_path_without_suffix_loads_what_save_wrote(tmp_path):
+    """`step.save("state")` writes state.ckpt; `step.load("state")` and `read_manifest("state")` read it."""
+    _, step = build(jit=False)
+    for batch in batches(2):
+        step(*batch)
+    written = step.save(tmp_path / "state")
+    assert written.name == "state.ckpt"
+    assert read_manifest(tmp_path / "state")["step"] == 1
+    _, step2 = build(jit=False)
+    step2.load(str(tmp_path / "state"))
+    assert snapshot(step2).keys() == snapshot(step).keys()
+    for name, value in snapshot(step).items():
+        np.testing.assert_array_equal(snapshot(step2)[name], value, err_msg=name)

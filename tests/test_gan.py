@@ -5,6 +5,7 @@ import pytest
 from mindspore import nn, ops
 
 from mindstep import GANStep, losses, schedules
+from mindstep.checkpoint import read_manifest
 
 pytestmark = pytest.mark.xdist_group("gan")
 
@@ -208,3 +209,20 @@ def test_bad_settings_are_named():
         GANStep(g, d, d_loss, g_loss, d_opt, g_opt, d_steps_per_g=0)
     with pytest.raises(ValueError, match="lambda"):
         GANStep(g, d, lambda f, x, r, b: f.sum(), g_loss, d_opt, g_opt)
+
+
+def test_a_name_that_clashes_with_a_parameter_prefix_is_refused_when_built():
+    """As TrainStep does: a step prefix equal to a network's parameter prefix ("d.", "g.") would make
+    the step's Parameters and the network's share names, found only when a checkpoint is saved."""
+    g, d, d_loss, g_loss = make()
+    d_opt, g_opt = nn.Adam(d.trainable_params(), 1e-2), nn.Adam(g.trainable_params(), 1e-2)
+    with pytest.raises(ValueError, match=r"`name` must be a prefix that none.*but got 'd'"):
+        GANStep(g, d, d_loss, g_loss, d_opt, g_opt, name="d")
+
+
+def test_a_custom_precision_policy_is_saved_as_the_policy(tmp_path):
+    step, _, _ = gan(jit=False, precision="p=f32,c=f16,o=f32", d_options={"loss_scale": None},
+                     g_options={"loss_scale": None})
+    step(*data(1)[0])
+    path = step.save(tmp_path / "gan")
+    assert read_manifest(path)["settings"]["precision"] == "p=f32,c=f16,o=f32"

@@ -474,7 +474,7 @@ def test_no_native_weight_gradient_form_is_timed_where_composed_is_far_slower_or
     assert row["choice"] == "native" and not any(f.endswith(NATIVE_DW) for f in row["times"])
     timed.clear()
     row = decide.measure(make_conv(4, 6, 1, 1, "same", 0, 1, False), (2, 4, 6, 6), ms.float32)  # pointwise
-    # the lead (batched) over 2x native: one-gemm is not timed either (`decide.LEAD_SCREEN`)
+    # the lead (batched) over 2x native: one-gemm is not timed either (the lead screen)
     assert not any(f.endswith(NATIVE_DW) for f in row["times"]) and len(timed) == 2
 
 
@@ -515,15 +515,13 @@ def test_a_lead_form_far_faster_than_native_is_chosen_without_timing_the_others(
     assert "one-gemm" in [getattr(layer, "form", "native") for layer in timed]
 
 
-def test_the_lead_form_is_one_gemm_on_small_maps_and_batched_on_large_ones(monkeypatch):
+def test_the_lead_form_is_one_gemm_on_small_maps_and_batched_on_large_ones():
     from mindstep.optimize import decide
 
     both, phases = ("batched", "one-gemm"), ("batched+phases", "one-gemm+phases")
     assert decide.lead_form(both, 16) == "one-gemm" and decide.lead_form(both, 17) == "batched"
     assert decide.lead_form(phases, 4) == "one-gemm+phases" and decide.lead_form(phases, 64) == "batched+phases"
     assert decide.lead_form(("one-gemm",), 1) is None  # one form: nothing to screen
-    monkeypatch.setattr(decide, "LEAD_SCREEN", False)
-    assert decide.lead_form(both, 16) is None
 
 
 def test_a_layer_whose_input_is_the_batch_is_budgeted_without_an_input_gradient(tmp_path, monkeypatch):

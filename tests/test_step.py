@@ -266,3 +266,20 @@ def test_compile_apart_runs_the_pass_first_and_refuses_what_it_cannot_compile():
             other.compile(*batches(1, (8, 32))[0])
     with pytest.raises(ValueError, match=r"step.compile\(\*batch\) needs at least one batch element"):
         step.compile()
+
+
+def test_the_compile_number_in_a_recompile_warning_counts_every_graph_compiled(caplog):
+    """A call that compiles two graphs (MindSpore's cache grows by 2) is compile #3 after one, not #2."""
+    from mindstep import _compile
+
+    net = seeded(MLP)
+    runner = _compile.Runner(net, jit=True, compiler="cell", name="t")
+    (x8, _), = batches(1, (8, 32))
+    (x4, _), = batches(1, (4, 32))
+    sizes = iter([0, 1, 1, 3])
+    runner._cache_size = lambda: next(sizes)
+    runner._counted((ms.Tensor(x8),), lambda tensors, sig: None)
+    with caplog.at_level(logging.WARNING, logger="mindstep"):
+        runner._counted((ms.Tensor(x4),), lambda tensors, sig: None)
+    assert runner.compile_count == 3
+    assert "compile #3" in caplog.records[0].getMessage()

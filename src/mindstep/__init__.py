@@ -25,7 +25,6 @@ _NAMES = {"Dropout": "dropout", "resumable_dropout": "dropout", "NetworkWarning"
           "NonFiniteError": "nonfinite", "PortingWarning": "_porting", "param_groups": "groups", "optimize": "optimize",
           "Precision": "precision", "TrainStep": "step", "GANStep": "gan", "init_distributed": "dist", "shard_args": "dist",
           "is_main": "dist"}
-_MODULES = ("checkpoint", "dist", "gan", "loss_scale", "losses", "schedules")
 
 __all__ = ["Dropout", "GANStep", "NetworkWarning", "NonFiniteError", "PortingWarning", "Precision", "TrainStep", "checkpoint", "dist",
            "gan", "init_distributed", "is_main", "loss_scale", "losses", "optimize", "param_groups", "resumable_dropout",

@@ -324,7 +324,7 @@ class Runner:
         compiled = (after - before) if before is not None else int(new_sig and self.jit)
         if new_sig:
             self._signatures.append(sig)
-        self._report(sig, new_sig, compiled and not written)
+        self._report(sig, new_sig, 0 if written else compiled)
         self.compile_count += compiled
         return out, compiled
 

@@ -141,13 +141,18 @@ class Counter(nn.Cell):
 class Stages(nn.Cell):
     """Stages 7-13 for one optimizer, with its metrics: the part of the pipeline that
     `StepGraph` and each objective of `mindstep.gan.GANStep` share. A subclass sets the stage
-    attributes (`optimizer`, `scale`, `accumulate`, `clip`, `ema`, `lr`, `guard`, `reduce`,
+    attributes (`optimizer`, `scale`, `accumulate`, `clip`, `ema`, `lr`, `finite`, `reduce`,
     `counter`) and the two constants `identity_unscale` and `in_place`."""
+
+    def names(self) -> tuple:
+        """The names of `_metrics`' values, in order."""
+        return ("loss", "step", "applied") + self.scale.metric_names + self.clip.metric_names \
+            + self.lr.metric_names + self.finite.metric_names
 
     def _metrics(self, loss, applied, finite, norm, lrs, flags):
         """The flat metric tuple, in `metric_names` order."""
         return ((loss, self.counter.value + 0, applied) + self.scale.metrics(finite) + self.clip.metrics(norm)
-                + self.lr.metrics(lrs) + self.guard.metrics(flags))
+                + self.lr.metrics(lrs) + self.finite.metrics(flags))
 
     def _update(self, grads, total_weight, lrs):
         """Stages 7-13, once per accumulation window."""
@@ -158,7 +163,7 @@ class Stages(nn.Cell):
                 _map.MAP(ops.partial(_map.scale_into, factor), grads)
             else:
                 grads = _map.MAP(ops.partial(_map.mul, factor), grads)
-        finite = self.guard.all_finite(grads)
+        finite = self.finite.all_finite(grads)
         norm = self.clip.norm(grads)
         if finite:
             grads = self.clip(grads, norm, self.in_place)
@@ -169,7 +174,7 @@ class Stages(nn.Cell):
         # `finite` threads through `record` and `adjust`: a stage call whose result is dropped made
         # MindSpore 2.10 mis-compile the step (a float64 `Tensor(True)`, or `_all_finite` run as nested
         # Python), or warn that "side effect nodes were eliminated by mistake" (no loss scale)
-        finite = self.guard.record(finite)
+        finite = self.finite.record(finite)
         finite = self.scale.adjust(finite)
         self.accumulate.reset()
         # as a tensor: without a finite check `finite` is the Python constant True
@@ -195,7 +200,7 @@ class StepGraph(Stages):
         self.clip = clip
         self.ema = ema
         self.lr = lr
-        self.guard = finite
+        self.finite = finite
         self.reduce = reduce
         self.combine = combine
         if part != "update":
@@ -207,8 +212,7 @@ class StepGraph(Stages):
         self.counter = counter
         # a Python constant: each part compiles only its own stages
         self.part = part
-        self.metric_names = ("loss", "step", "applied") + scale.metric_names + clip.metric_names + lr.metric_names \
-            + finite.metric_names
+        self.metric_names = self.names()
         self.identity_unscale = accumulate.k == 1 and not scale.metric_names and normalize == "mean" \
             and not reduce.active
         # The update graph's gradients are the accumulators, reset at the end of every update: unscale
@@ -224,7 +228,7 @@ class StepGraph(Stages):
         if self.part == "update":
             grads, total_weight = self.accumulate.totals()
             lrs = self.lr.values(self.counter.value)
-            flags = self.guard.flags(grads)
+            flags = self.finite.flags(grads)
             finite, norm = self._update(grads, total_weight, lrs)
             # the micro-step graph that ran just before reports the loss and the user's aux values
             return self._metrics(ms.Tensor(float("nan"), ms.float32), finite, finite, norm, lrs, flags), (), ()
@@ -237,7 +241,7 @@ class StepGraph(Stages):
         lrs = self.lr.values(self.counter.value)
         # on_nonfinite="raise": which parameters' (accumulated) gradients are finite, every call, so the
         # host can raise at the first micro-step that brings a non-finite value into the window
-        flags = self.guard.flags(grads)
+        flags = self.finite.flags(grads)
         if self.part == "full":
             finite, norm = self._update(grads, total_weight, lrs)
             applied = finite

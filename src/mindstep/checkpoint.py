@@ -69,27 +69,9 @@ def state(step) -> dict:
 
 
 def settings(step) -> dict:
-    """The `TrainStep` settings, as JSON values (repr for objects); a `GANStep` gives its own."""
-    if hasattr(step, "settings"):
-        return step.settings()
-    scaler = step.loss_scaler
-    if scaler is None:
-        scale = None
-    elif hasattr(scaler, "scale_factor"):
-        scale = {"kind": "dynamic", "factor": float(scaler.scale_factor), "period": int(scaler.scale_window)}
-    else:
-        scale = {"kind": "static", "value": float(scaler.scale_value.asnumpy())}
-    return {
-        "name": step.name, "jit": step.jit, "compiler": step.compiler, "accumulate": step.accumulate,
-        "normalize": step.normalize, "clip_grad_norm": step.graph.clip.norm_limit,
-        "clip_grad_value": step.graph.clip.value_limit, "ema": getattr(step.graph.ema, "decay", None),
-        "loss_scale": scale, "precision": str(step.precision.level if step.precision.level != "custom"
-                                               else step.precision.policy),
-        "keep_fp32": repr(step.precision.keep_fp32), "lr_schedule": repr(getattr(step.graph.lr, "schedule", None)),
-        "losses": repr(step.graph.combine), "on_nonfinite": step.on_nonfinite,
-        "max_consecutive_skips": step.max_consecutive_skips, "optimizer": type(step.optimizer).__name__,
-        "optimize": None if step.optimize is None else {k: v for k, v in step.optimize.items() if k != "force"},
-    }
+    """The step's settings as JSON values (`step.settings()`): what the manifest records and a load
+    compares."""
+    return step.settings()
 
 
 def _digest(path: Path) -> str:
@@ -199,6 +181,19 @@ def _warn_kernel_dropout(step) -> None:
             "whose state is saved.", CheckpointWarning, stacklevel=3)
 
 
+def _payload(path) -> Path:
+    """The payload a user names: as given, or with the format's suffix that `save` adds when the
+    name has none (`step.save("state")` writes ``state.ckpt``; `step.load("state")` reads it)."""
+    path = Path(path)
+    if manifest_path(path).exists() or path.name.endswith(tuple(FORMATS.values())):
+        return path
+    for suffix in FORMATS.values():
+        candidate = path.with_name(path.name + suffix)
+        if manifest_path(candidate).exists():
+            return candidate
+    return path
+
+
 def read_manifest(path) -> dict:
     """The manifest of the checkpoint whose payload is `path`, checked against its payload.
 
@@ -206,7 +201,7 @@ def read_manifest(path) -> dict:
         CheckpointError: no manifest (the save did not complete), an unreadable manifest, or a
             payload missing or differing from the manifest's size or checksum.
     """
-    path = Path(path)
+    path = _payload(path)
     mpath = manifest_path(path)
     if not mpath.exists():
         raise CheckpointError(f"{path} has no manifest {mpath.name}: the save did not complete (or this is not a "
@@ -334,6 +329,7 @@ def load(step, path, *, strict: bool = True) -> dict:
     if not isinstance(path, (str, os.PathLike)):
         raise bad_type("path", path, "a checkpoint file path",
                        "Pass what step.save() returned, or mindstep.checkpoint.latest(folder).")
+    path = _payload(path)
     manifest = read_manifest(path)
     params = state(step)
     problems, fits = _differences(step, manifest, params)
@@ -346,7 +342,7 @@ def load(step, path, *, strict: bool = True) -> dict:
     values = ms.load_checkpoint(str(path), format=manifest["payload"]["format"])
     for name in fits:
         ops.assign(params[name], values[name])
-    step._sync_micro()
+    step.resync()
     _restore_decisions(step, manifest)
     return manifest
 

@@ -276,7 +276,11 @@ def _cmd_doctor(args) -> int:
     from . import doctor
 
     if args.explain is not None:
-        text = sys.stdin.read() if args.explain == "-" else open(args.explain, encoding="utf-8").read()
+        if args.explain == "-":
+            text = sys.stdin.read()
+        else:
+            with open(args.explain, encoding="utf-8") as fh:
+                text = fh.read()
         hits = doctor.explain(text)
         if args.json:
             print(json.dumps({"explanations": hits}, indent=2))

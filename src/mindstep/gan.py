@@ -37,30 +37,25 @@ from typing import Any, Callable
 import mindspore as ms
 from mindspore import nn, ops
 
-from . import _compile, _discover, _porting
+from . import _compile, _core, _discover, _porting
 from ._context import pynative_mode
-from . import checkpoint as _checkpoint
-from . import clip as _clip
 from . import ema as _ema
 from . import groups as _groups
-from . import loss_scale as _loss_scale
-from . import losses as _losses
 from . import nonfinite as _nonfinite
 from . import precision as _precision
-from . import schedules as _schedules
-from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
+from ._errors import bad_type, bad_value, check_bool, check_choice, check_int
 from ._graph import Counter, Stages, _objective, aux_items
 from .accumulate import NoAccumulate
 from .dist import reduce as _reduce
+from .optimize.pass_ import check_settings as _check_optimize
 
 ORDERS = ("d_first", "g_first")
 OBJECTIVES = ("d", "g")
-OPTION_KEYS = ("loss_scale", "clip_grad_norm", "clip_grad_value", "ema", "lr_schedule", "losses", "on_nonfinite",
-               "max_consecutive_skips")
+OPTION_KEYS = _core.UPDATE_KEYS
 
 
-def _options(which: str, options: Any, default_scale) -> dict:
-    """One objective's settings, validated on the host; the keys of `OPTION_KEYS`."""
+def _options(which: str, options: Any, default_scale) -> _core.Update:
+    """One objective's settings (`d_options`, `g_options`), validated on the host."""
     arg = f"{which}_options"
     if options is None:
         options = {}
@@ -70,26 +65,8 @@ def _options(which: str, options: Any, default_scale) -> dict:
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
         raise bad_value(arg, options, f"a dict with keys among {OPTION_KEYS}", f"Remove or rename {unknown}.")
-    out = {k: options.get(k) for k in OPTION_KEYS}
-    out["loss_scale"] = _loss_scale.resolve(options.get("loss_scale", default_scale))
-    for key in ("clip_grad_norm", "clip_grad_value"):
-        if out[key] is not None:
-            out[key] = check_float(f"{arg}[{key!r}]", out[key], low=0.0, low_open=True)
-    if out["ema"] is not None:
-        out["ema"] = check_float(f"{arg}['ema']", out["ema"], low=0.0, high=1.0, low_open=True, high_open=True,
-                                 fix="Pass a decay such as 0.999 (closer to 1 = slower average).")
-    if out["lr_schedule"] is not None and not isinstance(out["lr_schedule"], _schedules.Schedule):
-        raise bad_type(f"{arg}['lr_schedule']", out["lr_schedule"], "a mindstep.schedules schedule or None",
-                       "Example: mindstep.schedules.cosine_decay(1e-4, 10_000).")
-    losses = out["losses"]
-    if losses is not None and not isinstance(losses, _losses.Weighted):
-        raise bad_type(f"{arg}['losses']", losses, "mindstep.losses.weighted({...}) or None",
-                       "Example: g_options={'losses': mindstep.losses.weighted({'l1': 1.0, 'adv': 5e-3})}.")
-    policy = options.get("on_nonfinite", "skip")
-    out["on_nonfinite"], out["max_consecutive_skips"] = _nonfinite.check(
-        policy, options.get("max_consecutive_skips", _nonfinite.DEFAULT_MAX_CONSECUTIVE_SKIPS),
-        scaled=out["loss_scale"] is not None)
-    return out
+    return _core.Update.check(lambda key: f"{arg}[{key!r}]", learned_losses=False,
+                              **dict(options, loss_scale=options.get("loss_scale", default_scale)))
 
 
 def _check_optimizer(arg: str, optimizer, net: nn.Cell, other: nn.Cell) -> None:
@@ -127,32 +104,21 @@ def _distinct_state(d_optimizer, g_optimizer) -> None:
 class Objective(Stages):
     """One objective's stages 7-13 (k = 1: no accumulation) and its metrics."""
 
-    def __init__(self, optimizer, opts: dict, prefix: str, reduce_mode, world: int):
+    def __init__(self, optimizer, update: _core.Update, prefix: str, reduce_mode, world: int):
         super().__init__(auto_prefix=False)
-        params = list(optimizer.parameters)
         self.optimizer = optimizer
-        self.scale = _loss_scale.stage(opts["loss_scale"], prefix)
+        stages = _core.update_stages(optimizer, update, prefix, reduce_mode, world)
+        self.counter, self.scale, self.clip, self.ema = stages["counter"], stages["scale"], stages["clip"], stages["ema"]
+        self.lr, self.finite, self.reduce, self.combine = stages["lr"], stages["finite"], stages["reduce"], stages["combine"]
         self.accumulate = NoAccumulate()
-        self.clip = _clip.Clip(opts["clip_grad_norm"], opts["clip_grad_value"])
-        self.ema = _ema.stage(params, opts["ema"], prefix)
-        self.lr = _schedules.NoSchedule()
-        if opts["lr_schedule"] is not None:
-            lr_params = _groups.lr_parameters(optimizer)
-            self.lr = _schedules.ScheduleStage(opts["lr_schedule"], lr_params,
-                                               _groups.lr_scales(optimizer, lr_params))
-        self.guard = _nonfinite.stage(opts["on_nonfinite"], prefix)
-        self.reduce = _reduce.stage(params, reduce_mode, world)
-        self.counter = Counter(f"{prefix}.step")
-        self.combine = opts["losses"]
         self.identity_unscale = not self.scale.metric_names and not self.reduce.active
         self.in_place = False
-        self.metric_names = ("loss", "step", "applied") + self.scale.metric_names + self.clip.metric_names \
-            + self.lr.metric_names + self.guard.metric_names
+        self.metric_names = self.names()
 
     def apply(self, loss, grads):
         """Stages 7-13 on this objective's gradients; the metric tuple."""
         lrs = self.lr.values(self.counter.value)
-        flags = self.guard.flags(grads)
+        flags = self.finite.flags(grads)
         finite, norm = self._update(grads, ops.ones((), ms.float32), lrs)
         return self._metrics(loss, finite, finite, norm, lrs, flags)
 
@@ -215,7 +181,7 @@ def _phase_outputs(metrics, aux, parts):
     return metrics, tuple(parts.values()) + values, tuple(parts.keys()) + names
 
 
-class GANStep:
+class GANStep(_core.StepMethods):
     """Train a generator and a discriminator, each with its own optimizer and stages, in one compiled step.
 
     Args:
@@ -276,11 +242,7 @@ class GANStep:
             raise bad_value("discriminator", discriminator, "a network other than the generator",
                             "Pass the two networks of the GAN.")
         for arg, fn in (("d_loss", d_loss), ("g_loss", g_loss)):
-            if not callable(fn):
-                raise bad_type(arg, fn, f"a function `{arg}(fake, *batch) -> loss`", "Pass the function itself.")
-            if getattr(fn, "__name__", "") == "<lambda>":
-                raise bad_value(arg, fn, "a function defined with `def`",
-                                "MindSpore cannot compile lambdas (`Parse Lambda Function Fail`).")
+            _core.check_function(arg, fn, f"{arg}(fake, *batch) -> loss", "Pass the function itself.")
         _check_optimizer("d_optimizer", d_optimizer, discriminator, generator)
         _check_optimizer("g_optimizer", g_optimizer, generator, discriminator)
         self.g_inputs = check_int("g_inputs", g_inputs, minimum=1, fix="Pass how many leading batch elements "
@@ -290,19 +252,15 @@ class GANStep:
                                        fix="Pass e.g. d_steps_per_g=5 for five D updates per G update.")
         self.g_warmup = check_int("g_warmup", g_warmup, minimum=0, fix="Pass 0 (no warm-up) or a number of iterations.")
         check_bool("jit", jit)
-        from .step import _check_optimize
-
         optimize = _check_optimize(optimize, jit)
         check_choice("compiler", compiler, _compile.COMPILERS, "Use 'cell' (default) or 'function'.")
-        if not isinstance(name, str) or not name.isidentifier():
-            raise bad_value("name", name, "a Python identifier such as 'gan'", "Pick a short prefix.")
-        plan = _precision.plan(precision, keep_fp32)
-        _precision.check_device(plan, ms.get_context("device_target"))
+        _core.check_name(name, "gan", [d_optimizer, g_optimizer])
+        plan = _core.check_precision(precision, keep_fp32)
         default_scale = "dynamic" if plan.dynamic_loss_scale else None
         d_opts = _options("d", d_options, default_scale)
         g_opts = _options("g", g_options, default_scale)
-        if d_opts["losses"] is not None:
-            raise bad_value("d_options['losses']", d_opts["losses"], "None",
+        if d_opts.losses is not None:
+            raise bad_value("d_options['losses']", d_opts.losses, "None",
                             "Named loss parts are for the generator's objective (g_options); return (loss, aux) "
                             "from d_loss to report parts of it.")
         self.reduce, self.world_size = _reduce.resolve(reduce)
@@ -328,10 +286,7 @@ class GANStep:
         self._graphs = {phase: GANGraph(generator, d_loss, g_loss, objectives["d"], objectives["g"], iteration,
                                         g_inputs=self.g_inputs, order=order, phase=phase) for phase in GANGraph.PHASES}
         self.graph = self._graphs["dg"]  # holds every stage Parameter (checkpoints read it)
-        watch = {id(p): p for p in self.graph.get_parameters()}
-        for cell in self.cells:
-            watch.update((id(p), p) for p in cell.get_parameters())
-        self._runner_args = dict(jit=jit, compiler=compiler, name=name, watch=list(watch.values()))
+        self._runner_args = dict(jit=jit, compiler=compiler, name=name, watch=_core.watched(self.graph, self.cells))
         self._runners: dict = {}
         self._iteration = 0
         self._names = {o: [p.name for p in self.optimizers[o].parameters] for o in OBJECTIVES}
@@ -367,40 +322,20 @@ class GANStep:
     def jit(self) -> bool:
         return self.jit_enabled
 
-    def state_parameters(self) -> list:
-        prefix = self.name + "."
-        return [p for p in self.graph.get_parameters() if p.name.startswith(prefix)]
-
-    def _sync_micro(self) -> None:
+    def resync(self) -> None:
         """Re-read the iteration counter from its Parameter (after a checkpoint load)."""
         self._iteration = int(self.graph.counter.value.asnumpy())
 
     def settings(self) -> dict:
-        """The step's settings as JSON values (the checkpoint manifest's)."""
+        """The step's settings as JSON values (repr for objects): what a checkpoint manifest records."""
         out = {"kind": "GANStep", "name": self.name, "jit": self.jit, "compiler": self.compiler,
                "order": self.order, "d_steps_per_g": self.d_steps_per_g, "g_warmup": self.g_warmup,
-               "g_inputs": self.g_inputs, "precision": str(self.precision.level),
-               "optimize": None if self.optimize is None else {k: v for k, v in self.optimize.items() if k != "force"}}
+               "g_inputs": self.g_inputs, "precision": _core.precision_manifest(self.precision),
+               "optimize": self._optimize_manifest()}
         for o in OBJECTIVES:
-            opts = self.options[o]
-            scaler = opts["loss_scale"]
-            out[f"{o}_loss_scale"] = None if scaler is None else type(scaler).__name__
-            out[f"{o}_ema"] = opts["ema"]
-            out[f"{o}_on_nonfinite"] = opts["on_nonfinite"]
+            out.update({f"{o}_{key}": value for key, value in self.options[o].manifest().items()})
             out[f"{o}_optimizer"] = type(self.optimizers[o]).__name__
-            out[f"{o}_lr_schedule"] = repr(opts["lr_schedule"])
-            out[f"{o}_losses"] = repr(opts["losses"])
-            out[f"{o}_clip_grad_norm"] = opts["clip_grad_norm"]
-            out[f"{o}_clip_grad_value"] = opts["clip_grad_value"]
         return out
-
-    def save(self, path, *, format: str = "ckpt", keep: int | None = None):
-        """Save both objectives' complete state atomically (`mindspore.checkpoint.save`)."""
-        return _checkpoint.save(self, path, format=format, keep=keep)
-
-    def load(self, path, *, strict: bool = True) -> dict:
-        """Load a checkpoint saved by `save` into this step in place."""
-        return _checkpoint.load(self, path, strict=strict)
 
     @contextlib.contextmanager
     def ema_weights(self, objective: str = "g"):
@@ -428,12 +363,6 @@ class GANStep:
         with self._fusion():
             self.optimize_report, self.optimize_budget_mb = run_with_settings(self.nets, probe, self.optimize,
                                                                               inputs=tensors)
-
-    def _fusion(self):
-        """The block the pass, the compiles and the calls run in (`mindstep.optimize.fusion`)."""
-        from .optimize import fusion
-
-        return fusion.for_settings(self.optimize)
 
     def _runner(self, phase: str) -> _compile.Runner:
         if phase not in self._runners:
@@ -464,11 +393,11 @@ class GANStep:
             values, aux_values, aux_keys = out
             own = dict(zip(self.objectives[o].metric_names, values))
             opts = self.options[o]
-            _nonfinite.host_check(own, policy=opts["on_nonfinite"], max_in_row=opts["max_consecutive_skips"],
-                                  scaled=opts["loss_scale"] is not None, names=self._names[o],
+            _nonfinite.host_check(own, policy=opts.on_nonfinite, max_in_row=opts.max_consecutive_skips,
+                                  scaled=opts.loss_scale is not None, names=self._names[o],
                                   groups=self._groups[o])
             metrics.update((f"{k}/{o}", v) for k, v in own.items())
-            n_parts = len(self.options[o]["losses"].names) if self.options[o]["losses"] is not None else 0
+            n_parts = len(self.options[o].losses.names) if self.options[o].losses is not None else 0
             for i, (key, value) in enumerate(zip(aux_keys, aux_values)):
                 # the weighted parts come first, named "loss/<part>": "loss/g/<part>"; aux values "<key>/g"
                 name = f"loss/{o}/{key[len('loss/'):]}" if i < n_parts else f"{key}/{o}"

@@ -12,7 +12,7 @@
   the parameters (and optimizer groups) whose gradient is not finite.
   With a loss scale, a non-finite gradient under a finite loss is an overflow that the scale
   handles (it shrinks and the update is skipped); only a non-finite loss raises.
-- ``"apply"``: no check, the update is applied whatever it holds (mindstep before 0.2); only
+- ``"apply"``: no check, the update is applied whatever it holds; only
   without a loss scale, which must always check.
 
 Without a loss scale and with ``"apply"`` the stage compiles to nothing. Its counters are

@@ -1,70 +1,26 @@
 """`TrainStep`: the user's forward function and optimizer, compiled into one training step."""
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import mindspore as ms
 from mindspore import nn
 
 import contextlib
 import time
 
-from . import _compile, _discover, _porting
-from . import checkpoint as _checkpoint
+from . import _compile, _core, _discover, _porting
 from . import accumulate as _accumulate
-from . import clip as _clip
 from . import ema as _ema
 from . import groups as _groups
-from . import loss_scale as _loss_scale
-from . import losses as _losses
 from . import nonfinite as _nonfinite
 from . import precision as _precision
-from . import schedules as _schedules
-from ._errors import bad_type, bad_value, check_bool, check_choice, check_float, check_int
-from ._graph import Counter, StepGraph
+from ._errors import bad_type, check_bool, check_choice, check_int
+from ._graph import StepGraph
 from .dist import reduce as _reduce
-from .optimize import fusion as _fusion
-from .optimize.pass_ import check_force, rewritable, run_with_settings
+from .optimize.pass_ import check_settings as _check_optimize, rewritable, run_with_settings
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNSET = object()  # loss_scale not given: the precision level picks the default
-
-
-_OPTIMIZE_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force", "share", "fuse")
-
-
-def _check_optimize(optimize: Any, jit: bool = True) -> dict | None:
-    """`optimize=` as None (off) or a dict of the pass's settings; `jit`: the step's own setting (a
-    PyNative step runs its ops one by one: there is nothing to fuse)."""
-    if isinstance(optimize, bool):
-        return {} if optimize else None
-    if not isinstance(optimize, dict):
-        raise bad_type("optimize", optimize, "True, False or a dict of the pass's settings",
-                       "Pass `optimize=True`, or e.g. `optimize={'native_peak_mb': 1200}`.")
-    unknown = sorted(set(optimize) - set(_OPTIMIZE_KEYS))
-    if unknown:
-        raise bad_value("optimize", optimize, f"a dict with keys among {_OPTIMIZE_KEYS}",
-                        f"Remove {unknown}.")
-    if "native_peak_mb" in optimize and "memory_budget_mb" in optimize:
-        raise bad_value("optimize", optimize, "a dict with `native_peak_mb` or `memory_budget_mb`, not both",
-                        "Give the native peak (the budget is derived from it) or the budget itself.")
-    for key in ("native_peak_mb", "memory_budget_mb"):
-        if optimize.get(key) is not None:
-            check_float(f"optimize[{key!r}]", optimize[key], low=0.0, fix=f"e.g. optimize={{'{key}': 1200}}"
-                        + (", or None for no cap." if key == "memory_budget_mb" else "."))
-    for key in ("measure", "share", "fuse"):
-        if key in optimize:
-            check_bool(f"optimize[{key!r}]", optimize[key])
-    if optimize.get("fuse"):
-        if not jit:
-            raise bad_value("optimize['fuse']", True, "False with jit=False",
-                            "Graph-kernel fusion fuses the kernels of a compiled step; PyNative (jit=False) runs "
-                            "its ops one by one. Drop 'fuse', or build the step with jit=True.")
-        _fusion.check_available()
-    if "force" in optimize:
-        check_force(optimize["force"])
-    return dict(optimize)
 
 
 def _check_optimizer(optimizer: Any) -> None:
@@ -75,6 +31,50 @@ def _check_optimizer(optimizer: Any) -> None:
             "a MindSpore optimizer (an `nn.Optimizer` such as `nn.Adam`, or a "
             "`mindspore.experimental.optim` optimizer) that owns at least one parameter",
             "Build it from your network, e.g. `nn.Adam(net.trainable_params(), 1e-3)`.")
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """A `TrainStep`'s settings, validated on the host before anything is built (`check`)."""
+
+    name: str
+    jit: bool
+    compiler: str
+    accumulate: int
+    normalize: str
+    precision: _precision.Plan
+    guards: bool
+    debug: bool
+    optimize: dict | None
+    reduce: str | None
+    world_size: int
+    update: _core.Update
+
+    @classmethod
+    def check(cls, forward, optimizer, *, jit, compiler, name, accumulate, normalize, precision, keep_fp32, guards,
+              debug, optimize, reduce, update: dict) -> "StepSettings":
+        """Every argument of `TrainStep` but the networks, or one error naming the argument, the value,
+        the valid choices and the fix."""
+        _core.check_function("forward", forward, "forward(*batch) -> loss",
+                             "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
+        _check_optimizer(optimizer)
+        for arg, value in (("jit", jit), ("guards", guards), ("debug", debug)):
+            check_bool(arg, value)
+        check_choice("compiler", compiler, _compile.COMPILERS,
+                     "Use 'cell' (GRAPH_MODE Cell, the default) or 'function' (mindspore.jit).")
+        _core.check_name(name, "mindstep", [optimizer])
+        k = check_int("accumulate", accumulate, minimum=1, fix="Pass the number of micro-batches per update, e.g. accumulate=4.")
+        check_choice("normalize", normalize, _accumulate.NORMALIZE,
+                     "Use 'mean' when forward returns a mean loss, 'count' when it returns (loss_sum, count).")
+        plan = _core.check_precision(precision, keep_fp32)
+        if update["loss_scale"] is _UNSET:  # the precision level picks the default
+            update = dict(update, loss_scale="dynamic" if plan.dynamic_loss_scale else None)
+        checked = _core.Update.check(**update)
+        checked.check_trained_by(optimizer)
+        mode, world = _reduce.resolve(reduce)
+        return cls(name=name, jit=jit, compiler=compiler, accumulate=k, normalize=normalize, precision=plan,
+                   guards=guards, debug=debug, optimize=_check_optimize(optimize, jit), reduce=mode, world_size=world,
+                   update=checked)
 
 
 class _LossHolder(nn.Cell):
@@ -88,7 +88,7 @@ class _LossHolder(nn.Cell):
         return self.loss(*args)
 
 
-class TrainStep:
+class TrainStep(_core.StepMethods):
     """Compile `forward` + gradients + `optimizer` into one graph-mode training step.
 
     Args:
@@ -134,9 +134,10 @@ class TrainStep:
             counter; sets every optimizer group's LR (keeping the groups' ratios) before each update.
         losses: `mindstep.losses.weighted({...})` or `mindstep.losses.uncertainty([...])`: forward
             returns a dict of named losses and the step optimises their combination.
-        guards: runtime guards (default on): a recompile after the first call logs its reason; with
-            ``compiler="function"``, weights written from the host after compiling are detected and
-            re-synced (one recompile) instead of being silently ignored by the stale compiled copy.
+        guards: with ``compiler="function"`` (default on), weights written from the host after
+            compiling are detected and re-synced (one recompile) instead of being silently ignored by
+            the stale compiled copy. (A recompile after the first call is logged with its reason
+            whatever this is.)
         debug: on the first call, print each stage's shapes and dtypes (inputs, loss, aux, gradient
             norms per parameter group, loss scale) from the host, once; the step's results are unchanged.
         optimize: run the composed-operator pass (`mindstep.optimize`) on the networks at the first
@@ -197,115 +198,85 @@ class TrainStep:
                  losses=None, guards: bool = True, debug: bool = False, optimize: bool = False, nets=None,
                  on_nonfinite: str = "skip", max_consecutive_skips: int | None = _nonfinite.DEFAULT_MAX_CONSECUTIVE_SKIPS,
                  reduce: str | None = "auto"):
-        if not callable(forward):
-            raise bad_type("forward", forward, "a function `forward(*batch) -> loss`",
-                           "Pass the function itself, e.g. `TrainStep(forward, opt)`, not its result.")
-        if getattr(forward, "__name__", "") == "<lambda>":
-            raise bad_value("forward", forward, "a function defined with `def`",
-                            "MindSpore cannot compile lambdas (`Parse Lambda Function Fail`); write "
-                            "`def forward(x, y): return loss_fn(net(x), y)`.")
-        _check_optimizer(optimizer)
-        check_bool("jit", jit)
-        check_bool("guards", guards)
-        check_bool("debug", debug)
-        optimize = _check_optimize(optimize, jit)
-        check_choice("compiler", compiler, _compile.COMPILERS,
-                     "Use 'cell' (GRAPH_MODE Cell, the default) or 'function' (mindspore.jit).")
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise bad_value("name", name, "a Python identifier such as 'mindstep'",
-                            "Pick a short prefix made of letters, digits and underscores.")
-        taken = {p.name.split(".")[0] for p in optimizer.parameters}
-        if name in taken:
-            raise bad_value("name", name, f"a prefix that none of the optimizer's parameters use ({sorted(taken)})",
-                            "Pass another `name=`, e.g. name='mindstep'.")
-        k = check_int("accumulate", accumulate, minimum=1, fix="Pass the number of micro-batches per update, e.g. accumulate=4.")
-        check_choice("normalize", normalize, _accumulate.NORMALIZE,
-                     "Use 'mean' when forward returns a mean loss, 'count' when it returns (loss_sum, count).")
-        if clip_grad_norm is not None:
-            clip_grad_norm = check_float("clip_grad_norm", clip_grad_norm, low=0.0, low_open=True)
-        if clip_grad_value is not None:
-            clip_grad_value = check_float("clip_grad_value", clip_grad_value, low=0.0, low_open=True)
-        if ema is not None:
-            ema = check_float("ema", ema, low=0.0, high=1.0, low_open=True, high_open=True,
-                              fix="Pass a decay such as ema=0.999 (closer to 1 = slower average).")
-        plan = _precision.plan(precision, keep_fp32)
-        _precision.check_device(plan, ms.get_context("device_target"))
-        if loss_scale is _UNSET:
-            loss_scale = "dynamic" if plan.dynamic_loss_scale else None
-        scaler = _loss_scale.resolve(loss_scale)
-        self.on_nonfinite, self.max_consecutive_skips = _nonfinite.check(on_nonfinite, max_consecutive_skips,
-                                                                        scaled=scaler is not None)
-        self.reduce, self.world_size = _reduce.resolve(reduce)
-        if lr_schedule is not None and not isinstance(lr_schedule, _schedules.Schedule):
-            raise bad_type("lr_schedule", lr_schedule, "a mindstep.schedules schedule or None",
-                           "Example: lr_schedule=mindstep.schedules.warmup(100, mindstep.schedules.cosine_decay(1e-3, 10_000)).")
-        if losses is not None and not isinstance(losses, (_losses.Weighted, _losses.Uncertainty)):
-            raise bad_type("losses", losses, "mindstep.losses.weighted({...}), mindstep.losses.uncertainty([...]) or None",
-                           "Example: losses=mindstep.losses.weighted({'sr': 1.0, 'adv': 5e-3}).")
-        opt_ids = {id(p) for p in optimizer.parameters}
-        if isinstance(losses, _losses.Uncertainty) and id(losses.log_var) not in opt_ids:
-            raise bad_value("losses", losses.log_var.name, "learned weights that the optimizer trains",
-                            "Add them: nn.Adam(net.trainable_params() + weighting.trainable_params(), ...).")
-        needs = ([f"precision={precision!r}"] if plan.scope != "none" else []) + (
+        self.config = StepSettings.check(
+            forward, optimizer, jit=jit, compiler=compiler, name=name, accumulate=accumulate, normalize=normalize,
+            precision=precision, keep_fp32=keep_fp32, guards=guards, debug=debug, optimize=optimize, reduce=reduce,
+            update=dict(loss_scale=loss_scale, clip_grad_norm=clip_grad_norm, clip_grad_value=clip_grad_value, ema=ema,
+                        lr_schedule=lr_schedule, losses=losses, on_nonfinite=on_nonfinite,
+                        max_consecutive_skips=max_consecutive_skips))
+        config = self.config
+        self.forward, self.optimizer = forward, optimizer
+        self._find_networks(nets, precision, keep_fp32)
+        stages = dict(_core.update_stages(optimizer, config.update, config.name, config.reduce, config.world_size),
+                      normalize=config.normalize, accumulate=_accumulate.stage(list(optimizer.parameters),
+                                                                               config.accumulate, config.name))
+        # k = 1: every stage in one graph; k > 1: the micro-step graph (see mindstep._graph)
+        self.graph = StepGraph(forward, optimizer, part="full" if config.accumulate == 1 else "micro",
+                               compiled=config.jit, **stages)
+        self._param_names = [p.name for p in optimizer.parameters]
+        # what each metric describes once ranks reduce: the batch this rank saw, or the reduced update
+        reduced = "all ranks" if self.reduce else "this process"
+        self.metric_scopes = {n: ("this rank" if self.reduce else "this process") if n == "loss" else reduced
+                              for n in self.graph.metric_names}
+        self._group_of = {n: label for label, names in _groups.labelled_groups(optimizer) for n in names}
+        self._watch_all = _core.watched(self.graph, self.cells)
+        runner = dict(jit=config.jit, compiler=config.compiler, name=config.name, watch=self._watch_all,
+                      guards=config.guards)
+        self._runner = _compile.Runner(self.graph, **runner)
+        # k > 1: every k-th call also runs the update graph on the accumulators, no forward
+        self._update_runner = None if config.accumulate == 1 else _compile.Runner(
+            StepGraph(forward, optimizer, part="update", compiled=config.jit, **stages), **runner)
+        self._micro = 0  # calls into the current window, mirrored from `<name>.micro`
+        self.debug = config.debug
+        self.optimize = config.optimize
+        self.optimize_report = None
+        self.optimize_s = 0.0
+        self.optimize_budget_mb = None
+
+    def _find_networks(self, nets, precision, keep_fp32) -> None:
+        """The networks `forward` uses (`mindstep._discover`), checked for the tutorials' idioms that
+        train wrong inside a step, in training mode and converted to the step's precision."""
+        config, optimizer = self.config, self.optimizer
+        needs = ([f"precision={precision!r}"] if config.precision.scope != "none" else []) + (
             [f"keep_fp32={keep_fp32!r}"] if _precision.check_keep(keep_fp32) else []) + (
-            ["optimize=..."] if optimize is not None else [])
-        networks = _discover.resolve(forward, optimizer, nets, needs=needs,
+            ["optimize=..."] if config.optimize is not None else [])
+        losses = config.update.losses
+        networks = _discover.resolve(self.forward, optimizer, nets, needs=needs,
                                      owners=[losses] if isinstance(losses, nn.Cell) else [])
-        # idioms of a hand-written loop that the step already does (MindSpore's tutorials): refused or warned
         _porting.check_scaler_calls(networks.scaler_calls)
-        if plan.scope != "none":
+        if config.precision.scope != "none":
             _porting.check_converted(networks.trained, precision)
-        _porting.check_predivided(forward, k)
+        _porting.check_predivided(self.forward, config.accumulate)
         self.cells = networks.cells
         self.nets = networks.trained
         # what `optimize=` rewrites: the trained networks and the Cells without any parameter that
         # forward uses (its loss: an `nn.CrossEntropyLoss` inside it is a layer of the pass), not a
         # frozen network's (those have parameters, just no trainable ones); a loss that is itself a
         # layer of the pass (`loss_fn = nn.CrossEntropyLoss()` called by forward) has no parent Cell
-        # to hold a replacement, so it is left out, as before the pass knew losses
+        # to hold a replacement, so it is left out
         self._pass_nets = self.nets + [c for c in networks.loss_cells if next(c.get_parameters(), None) is None
                                        and not rewritable(c)]
         _discover.train_mode(self.nets)
-        self.precision = plan
-        self.cast_cells = _precision.apply(plan, self.nets, networks.loss_cells)
-        lr_stage = _schedules.NoSchedule()
-        if lr_schedule is not None:
-            lr_params = _groups.lr_parameters(optimizer)
-            lr_stage = _schedules.ScheduleStage(lr_schedule, lr_params, _groups.lr_scales(optimizer, lr_params))
-        params = list(optimizer.parameters)
-        self.forward = forward
-        self.optimizer = optimizer
-        self.name = name
-        self.loss_scaler = scaler
-        self.accumulate = k
-        self.normalize = normalize
-        stages = dict(counter=Counter(f"{name}.step"), normalize=normalize, scale=_loss_scale.stage(scaler, name),
-                      accumulate=_accumulate.stage(params, k, name), clip=_clip.Clip(clip_grad_norm, clip_grad_value),
-                      ema=_ema.stage(params, ema, name), lr=lr_stage, combine=losses,
-                      finite=_nonfinite.stage(self.on_nonfinite, name), reduce=_reduce.stage(params, self.reduce, self.world_size))
-        # k = 1: every stage in one graph; k > 1: the micro-step graph (see mindstep._graph)
-        self.graph = StepGraph(forward, optimizer, part="full" if k == 1 else "micro", compiled=bool(jit), **stages)
-        self._param_names = [p.name for p in params]
-        # what each metric describes once ranks reduce: the batch this rank saw, or the reduced update
-        reduced = "all ranks" if self.reduce else "this process"
-        self.metric_scopes = {n: ("this rank" if self.reduce else "this process") if n == "loss" else reduced
-                              for n in self.graph.metric_names}
-        self._group_of = {n: label for label, names in _groups.labelled_groups(optimizer) for n in names}
-        watch = {id(p): p for p in self.graph.get_parameters()}
-        for cell in self.cells:
-            watch.update((id(p), p) for p in cell.get_parameters())
-        runner = dict(jit=jit, compiler=compiler, name=name, watch=watch.values(), guards=guards)
-        self._runner = _compile.Runner(self.graph, **runner)
-        # k > 1: every k-th call also runs the update graph on the accumulators, no forward
-        self._update_runner = None if k == 1 else _compile.Runner(
-            StepGraph(forward, optimizer, part="update", compiled=bool(jit), **stages), **runner)
-        self._micro = 0  # calls into the current window, mirrored from `<name>.micro`
-        self.debug = debug
-        self._watch_all = list(watch.values())
-        self.optimize = optimize
-        self.optimize_report = None
-        self.optimize_s = 0.0
-        self.optimize_budget_mb = None
+        self.cast_cells = _precision.apply(config.precision, self.nets, networks.loss_cells)
+
+    # the settings, read-only (`self.config` holds them)
+    name = property(lambda self: self.config.name)
+    accumulate = property(lambda self: self.config.accumulate)
+    normalize = property(lambda self: self.config.normalize)
+    precision = property(lambda self: self.config.precision)
+    loss_scaler = property(lambda self: self.config.update.loss_scale)
+    on_nonfinite = property(lambda self: self.config.update.on_nonfinite)
+    max_consecutive_skips = property(lambda self: self.config.update.max_consecutive_skips)
+    reduce = property(lambda self: self.config.reduce)
+    world_size = property(lambda self: self.config.world_size)
+
+    def settings(self) -> dict:
+        """The step's settings as JSON values (repr for objects): what a checkpoint manifest records."""
+        config = self.config
+        return {"name": config.name, "jit": self.jit, "compiler": self.compiler, "accumulate": config.accumulate,
+                "normalize": config.normalize, **config.update.manifest(),
+                "precision": _core.precision_manifest(config.precision), "keep_fp32": repr(config.precision.keep_fp32),
+                "optimizer": type(self.optimizer).__name__, "optimize": self._optimize_manifest()}
 
     @classmethod
     def from_net(cls, net: nn.Cell, loss_fn: Callable, optimizer: Any, **kwargs) -> "TrainStep":
@@ -356,33 +327,11 @@ class TrainStep:
         """Compiles of the update graph of an accumulating step (0 for accumulate=1 or before the first update)."""
         return 0 if self._update_runner is None else self._update_runner.compile_count
 
-    def _sync_micro(self) -> None:
-        """Re-read the window position from its Parameter (after a checkpoint load)."""
+    def resync(self) -> None:
+        """Re-read the host's mirrors of the step's state from its Parameters (after a checkpoint
+        load): the position inside the accumulation window."""
         if self._update_runner is not None:
             self._micro = int(self.graph.accumulate.micro.asnumpy())
-
-    def state_parameters(self) -> list:
-        """The Parameters this step created (counters, accumulators, ...), for checkpoints."""
-        prefix = self.name + "."
-        return [p for p in self.graph.get_parameters() if p.name.startswith(prefix)]
-
-    def save(self, path, *, format: str = "ckpt", keep: int | None = None):
-        """Save the complete training state atomically (`mindstep.checkpoint.save`); returns the path.
-        In a data-parallel job only rank 0 writes (every rank holds the same state) and the other
-        ranks return None.
-
-        Example:
-            `step.save("runs/ckpt/step-000100.ckpt", keep=3)`.
-        """
-        return _checkpoint.save(self, path, format=format, keep=keep)
-
-    def load(self, path, *, strict: bool = True) -> dict:
-        """Load a checkpoint into this step in place (`mindstep.checkpoint.load`); returns its manifest.
-
-        Example:
-            `step.load(mindstep.checkpoint.latest("runs/ckpt"))`.
-        """
-        return _checkpoint.load(self, path, strict=strict)
 
     @contextlib.contextmanager
     def ema_weights(self):
@@ -442,10 +391,6 @@ class TrainStep:
             if self._update_runner is not None and self._update_runner.compile_count == 0:
                 compiled += self._update_runner.compile()
         return compiled
-
-    def _fusion(self):
-        """The block the pass, the compiles and the calls run in (`mindstep.optimize.fusion`)."""
-        return _fusion.for_settings(self.optimize)
 
     def __call__(self, *batch) -> dict:
         """Run one training step on `batch` and return the metrics dict."""

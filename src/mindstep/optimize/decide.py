@@ -333,14 +333,6 @@ def confirm(native: _Timed, form: _Timed, pairs: int = CONFIRM_PAIRS) -> tuple[f
     return statistics.median(native_ms), statistics.median(form_ms)
 
 
-def time_layer(layer: nn.Cell, x, r, repeats: int = REPEATS, input_grad: bool = True) -> tuple[float, list]:
-    """Median ms of forward + input (if `input_grad`) and weight gradients, compiled in GRAPH_MODE
-    (first call excluded), and the first call's loss and gradients on the host."""
-    timed = _Timed(layer, x, r, input_grad)
-    values = timed.first()
-    return timed.time(repeats), values
-
-
 # At this many output positions or fewer the batched forms are not timed where one GEMM exists.
 # Measurements: docs/design/composed-pass.md#batched_min_positions
 BATCHED_MIN_POSITIONS = 5
@@ -367,8 +359,7 @@ def plausible_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> t
 
 
 # The lead form is timed first; over CLEAR_RATIO times native, the layer's other forms are skipped.
-# Measurements: docs/design/composed-pass.md#lead_screen
-LEAD_SCREEN = True
+# Measurements: docs/design/composed-pass.md#the-lead-screen
 # Under 1/CLEAR_RATIO of native's time, the lead decides without timing its rivals.
 # Measurements: docs/design/composed-pass.md#lead_decides
 LEAD_DECIDES = True
@@ -379,8 +370,8 @@ LEAD_ONE_GEMM_POSITIONS = 16
 
 def lead_form(forms: tuple, positions: int) -> str | None:
     """The form of `forms` that `compare` times first (see `LEAD_ONE_GEMM_POSITIONS`), or None for
-    fewer than two forms or with `LEAD_SCREEN` off."""
-    if len(forms) < 2 or not LEAD_SCREEN:
+    fewer than two forms."""
+    if len(forms) < 2:
         return None
     prefer = "one-gemm" if positions <= LEAD_ONE_GEMM_POSITIONS else "batched"
     return next((f for f in (prefer, prefer + "+phases") if f in forms), forms[0])
@@ -402,7 +393,7 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
     faster than that form, and the choice is made again.
 
     `lead`, if given (a form of `composed`), is timed first and native after it; if it takes over
-    `CLEAR_RATIO` times native, the other forms are not compiled or timed (`LEAD_SCREEN`), and the
+    `CLEAR_RATIO` times native, the other forms are not compiled or timed, and the
     reason names them; nor are they if it takes under 1/`CLEAR_RATIO` of native (`LEAD_DECIDES`: the
     lead and its `refine` variants are then the only forms timed).
 

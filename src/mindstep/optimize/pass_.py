@@ -212,6 +212,42 @@ def apply_budget(rows: list[dict], budget_mb: float | None) -> None:
                         f"up to {r['options'][old][1]:.1f} MB; " + r["reason"].split("; ")[-1])
 
 
+SETTINGS_KEYS = ("native_peak_mb", "memory_budget_mb", "cache_dir", "measure", "force", "share", "fuse")
+
+
+def check_settings(optimize, jit: bool = True) -> dict | None:
+    """A step's `optimize=` as None (off) or a dict of the pass's settings; `jit`: the step's own setting (a
+    PyNative step runs its ops one by one: there is nothing to fuse)."""
+    if isinstance(optimize, bool):
+        return {} if optimize else None
+    if not isinstance(optimize, dict):
+        raise bad_type("optimize", optimize, "True, False or a dict of the pass's settings",
+                       "Pass `optimize=True`, or e.g. `optimize={'native_peak_mb': 1200}`.")
+    unknown = sorted(set(optimize) - set(SETTINGS_KEYS))
+    if unknown:
+        raise bad_value("optimize", optimize, f"a dict with keys among {SETTINGS_KEYS}",
+                        f"Remove {unknown}.")
+    if "native_peak_mb" in optimize and "memory_budget_mb" in optimize:
+        raise bad_value("optimize", optimize, "a dict with `native_peak_mb` or `memory_budget_mb`, not both",
+                        "Give the native peak (the budget is derived from it) or the budget itself.")
+    for key in ("native_peak_mb", "memory_budget_mb"):
+        if optimize.get(key) is not None:
+            check_float(f"optimize[{key!r}]", optimize[key], low=0.0, fix=f"e.g. optimize={{'{key}': 1200}}"
+                        + (", or None for no cap." if key == "memory_budget_mb" else "."))
+    for key in ("measure", "share", "fuse"):
+        if key in optimize:
+            check_bool(f"optimize[{key!r}]", optimize[key])
+    if optimize.get("fuse"):
+        if not jit:
+            raise bad_value("optimize['fuse']", True, "False with jit=False",
+                            "Graph-kernel fusion fuses the kernels of a compiled step; PyNative (jit=False) runs "
+                            "its ops one by one. Drop 'fuse', or build the step with jit=True.")
+        fusion.check_available()
+    if "force" in optimize:
+        check_force(optimize["force"])
+    return dict(optimize)
+
+
 def check_force(force) -> dict | None:
     """Validate `force=`: None, or a dict of layer-name patterns (fnmatch) to a form or 'native'."""
     if force is None:

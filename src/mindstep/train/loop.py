@@ -9,11 +9,14 @@ sees exactly the batches an uninterrupted one would.
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
 import re
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -202,17 +205,39 @@ def run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, pr
 
 
 def _run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, progress: bool = True) -> dict:
-    """Train one (phase's) config into `out`."""
+    """Train one (phase's) config into `out`: set up (or resume), train, summarise."""
+    run = _setup(cfg, out, resume)
+    with open(run.metrics_path, "a") if run.main else contextlib.nullcontext() as log:
+        trained = _train(cfg, run, log, progress)
+    return _summarise(cfg, out, run, trained, resume, json_path)
+
+
+@dataclass
+class _Setup:
+    """A run ready to train: its recipe and step, where it writes, and where it starts."""
+
+    recipe: Any
+    step: Any
+    recomputed: list
+    ckpt_dir: str
+    metrics_path: str
+    start: int
+    records: list
+    main: bool
+
+
+def _setup(cfg, out: str, resume: bool) -> _Setup:
+    """The recipe and the step; with `resume`, the newest complete checkpoint loaded and the metrics
+    log cut back to it; on rank 0 the run's folder with its config and log."""
     from . import recipes
     from .config import dump
 
     main = _dist.is_main()
     recipe = recipes.build(cfg, out)
-    net, step, recomputed = build_step(cfg, recipe)
+    _, step, recomputed = build_step(cfg, recipe)
     ckpt_dir = os.path.join(out, "ckpt")
     metrics_path = os.path.join(out, "metrics.jsonl")
-    start = 0
-    records = []
+    start, records = 0, []
     if resume:
         path, start = _latest(ckpt_dir)
         if path is None:
@@ -227,28 +252,33 @@ def _run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, p
             fh.write(dump(cfg))
         with open(metrics_path, "w") as fh:  # rewritten: a resumed run drops what came after its checkpoint
             fh.writelines(json.dumps(r) + "\n" for r in records)
-    log = open(metrics_path, "a") if main else None
+    return _Setup(recipe, step, recomputed, ckpt_dir, metrics_path, start, records, main)
+
+
+def _train(cfg, run: _Setup, log, progress: bool) -> dict:
+    """The batches from `run.start` to `train.steps`: logged, evaluated and saved as the config says.
+    Returns the data-wait and step seconds, the last loss and the last checkpoint."""
+    step, recipe = run.step, run.recipe
+    ema = cfg.step.ema is not None
 
     def record(entry):
-        records.append(entry)
+        run.records.append(entry)
         if log is not None:
             log.write(json.dumps(entry) + "\n")
             log.flush()
 
-    ema = cfg.step.ema is not None
-
     def key(name):  # a GAN step's generator metrics stand for the run's
         return f"{name}/g" if hasattr(step, "objectives") else name
 
-    if start == 0:
+    if run.start == 0:
         record({"batch": 0, "eval": _evaluate(step, recipe, ema)})
-    batches = Batches.of(cfg, recipe).from_batch(start)
+    batches = Batches.of(cfg, recipe).from_batch(run.start)
     wait = busy = 0.0
     window_t, window_n, loss = time.perf_counter(), 0, float("nan")
-    bar = _Progress(cfg.train.steps, start, enabled=progress and main)
+    bar = _Progress(cfg.train.steps, run.start, enabled=progress and run.main)
     ckpt = None
     try:
-        for i in range(start, cfg.train.steps):
+        for i in range(run.start, cfg.train.steps):
             t0 = time.perf_counter()
             batch = next(batches)
             t1 = time.perf_counter()
@@ -273,21 +303,25 @@ def _run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, p
             if done % cfg.train.eval_every == 0 or done == cfg.train.steps:
                 record({"batch": done, "eval": _evaluate(step, recipe, ema)})
             if done % cfg.train.save_every == 0 or done == cfg.train.steps:
-                ckpt = step.save(os.path.join(ckpt_dir, f"batch-{done:07d}.ckpt"), keep=cfg.train.keep) or ckpt
+                ckpt = step.save(os.path.join(run.ckpt_dir, f"batch-{done:07d}.ckpt"), keep=cfg.train.keep) or ckpt
     finally:
         bar.close()
-        if log is not None:
-            log.close()
-    logs = [r for r in records if "samples_per_s" in r]
-    evals = [r for r in records if "eval" in r]
-    summary = {"recipe": cfg.recipe, "steps": cfg.train.steps, "resumed_from": start if resume else None,
+    return {"wait": wait, "busy": busy, "loss": loss, "ckpt": ckpt}
+
+
+def _summarise(cfg, out: str, run: _Setup, trained: dict, resume: bool, json_path: str | None) -> dict:
+    """The run's summary (returned, and written to `json_path`) and, on rank 0, its curves."""
+    logs = [r for r in run.records if "samples_per_s" in r]
+    evals = [r for r in run.records if "eval" in r]
+    wait, busy, metric = trained["wait"], trained["busy"], run.recipe.metric
+    summary = {"recipe": cfg.recipe, "steps": cfg.train.steps, "resumed_from": run.start if resume else None,
                "samples_per_s": float(np.median([r["samples_per_s"] for r in logs])) if logs else None,
-               "data_wait_share": wait / (wait + busy) if wait + busy else None, "final_loss": loss,
-               "checkpoint": str(ckpt) if ckpt else None, "recompute": recomputed,
-               "notes": list(getattr(recipe, "notes", [])),
-               "eval": {f"{recipe.metric}_initial": evals[0]["eval"][recipe.metric], **evals[-1]["eval"]}}
-    if main:
-        _plot(records, os.path.join(out, "curves.png"), recipe.metric)
+               "data_wait_share": wait / (wait + busy) if wait + busy else None, "final_loss": trained["loss"],
+               "checkpoint": str(trained["ckpt"]) if trained["ckpt"] else None, "recompute": run.recomputed,
+               "notes": list(getattr(run.recipe, "notes", [])),
+               "eval": {f"{metric}_initial": evals[0]["eval"][metric], **evals[-1]["eval"]}}
+    if run.main:
+        _plot(run.records, os.path.join(out, "curves.png"), metric)
         if json_path:
             with open(json_path, "w") as fh:
                 json.dump(summary, fh, indent=1)
