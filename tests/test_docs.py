@@ -141,3 +141,16 @@ def test_the_internal_reference_check_sees_them():
         assert INTERNAL.search(text), text
     for text in ("an issue of shapes", "GitHub issues", "a session of training"):
         assert not INTERNAL.search(text), text
+
+
+MEASUREMENT = re.compile(r"family \d+ model|\bXeon\b|\bEPYC\b|\bZen ?\d|\b20\d\d-\d\d-\d\d\b")
+
+
+def test_measurements_live_in_the_docs_not_in_code_comments():
+    """Code keeps a reason in one line and a pointer; the figures (with their CPU and date) live in
+    docs/design/measurements.md and the other design pages."""
+    hits = [f"{_rel(p)}:{n}: {line.strip()[:90]}" for p in (ROOT / "src" / "mindstep").rglob("*")
+            if p.suffix in (".py", ".yaml") for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if MEASUREMENT.search(line)]
+    assert not hits, "move these measurements to docs/design/measurements.md:\n" + "\n".join(hits)
+    assert MEASUREMENT.search("an Intel Xeon family 6 model 167, 2026-12-06")

@@ -205,9 +205,8 @@ def _run_compiled(cell, phase: str, tensors):
 
     MindSpore 2.10's `Cell.__call__` under GRAPH_MODE looks its compiled graph up on every call:
     it binds and checks the arguments against `construct`'s signature (`inspect.signature`),
-    re-keys them and sets the phase on every sub-Cell through `Cell.__setattr__`. On the bench's
-    MLP step (1.5 ms, Intel Xeon family 6 model 167) that was 0.28 ms of Python per call, and the
-    mode switch around it (two `set_context`) 0.05 ms more. The key depends only on the inputs'
+    re-keys them and sets the phase on every sub-Cell through `Cell.__setattr__`: a fifth of a small
+    step's time (docs/design/measurements.md). The key depends only on the inputs'
     shapes and dtypes (the step passes every batch element as a tensor, `to_tensor`), which the
     runner records per compiled phase; a phase MindSpore no longer holds goes the slow way."""
     args = _CELL_EXECUTOR._graph_executor.get_args_for_run(

@@ -74,11 +74,8 @@ def gc_frozen():
     collected as usual.
 
     MindSpore 2.10 runs a full `gc.collect()` before compiling every Cell graph, which walks every
-    object of the process: 0.08 s per compile with a ResNet-18 built (164 k objects, AMD EPYC), 0.13 s
-    with mindcv imported, more in a process holding a dataset. The composed-operator pass compiles a
-    probe graph per layer form (~50-60 for ResNet-18 or MobileNetV2); with this, ResNet-18's pass took
-    19.3 and 24.3 s against 24.6 and 29.7 s (interleaved pairs, empty decision cache), and a mindcv
-    MobileNetV2 probe compiled in 0.37 s against 0.53 s (composed), 0.12 against 0.24 s (native).
+    object of the process, and the composed-operator pass compiles a probe graph per layer form
+    (docs/design/measurements.md).
     A caller that has frozen objects itself (`gc.get_freeze_count() > 0`) is left as it is: an
     unfreeze would undo its own freeze too."""
     if gc.get_freeze_count():

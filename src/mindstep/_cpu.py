@@ -1,10 +1,9 @@
 """The CPU this process runs on: model, architecture and SIMD flags (via py-cpuinfo).
 
-Every figure this project publishes depends on the CPU (MindSpore's native conv ran ~1 GFLOP/s on
-one 2-core machine of ours and ~25 GFLOP/s on another), so `mindstep env` and `mindstep bench`
-name it beside their figures. The x86 family and model numbers are part of the name: two of this
-project's machines both report the brand "AMD EPYC" and the same AVX-512 subset, yet one ran a
-2048^2 matmul at 445-465 GFLOP/s and the other (family 25, model 17) at 116-194.
+Every figure mindstep prints depends on the CPU (MindSpore's native conv speed differed 25x between
+two 2-core machines), so `mindstep env` and `mindstep bench` name it beside their figures. The x86
+family and model numbers are part of the name: two machines reporting the same brand string and SIMD
+flags ran a 2048^2 matmul 2.5x apart (docs/design/measurements.md).
 """
 from __future__ import annotations
 
@@ -39,14 +38,14 @@ def describe() -> dict:
 
 
 def identity(cpu: dict) -> str:
-    """`"family 25 model 17, "` where the CPU reports both numbers, else empty."""
+    """`"family F model M, "` where the CPU reports both numbers, else empty."""
     if cpu.get("family") is None or cpu.get("model_number") is None:
         return ""
     return f"family {cpu['family']} model {cpu['model_number']}, "
 
 
 def summary(cpu: dict) -> str:
-    """One line: `AMD EPYC (family 25 model 17, x86_64, 2 cores; AVX2, AVX-512 F/DQ/CD/BW/VL)`; the
+    """One line: `<brand> (family F model M, x86_64, 2 cores; AVX2, AVX-512 F/DQ/CD/BW/VL)`; the
     family and model only where the CPU reports them."""
     simd = cpu.get("simd") or []
     parts = []

@@ -2,9 +2,8 @@
 
 MindSpore's graph compiler unrolls a Python `for` over a tuple of gradients into one set of nodes
 per tensor, and each set is compiled on its own. One `HyperMap` compiles the per-tensor function
-once per distinct signature. Measured on ResNet-18's 62 gradient tensors (MindSpore 2.10 CPU,
-Intel Xeon @ 2.00GHz, AVX-512), global-norm clipping alone in a graph: unrolled loop 13.4 s to
-compile and +296 MB peak RSS, HyperMap 2.5 s and +77 MB, the same result.
+once per distinct signature: 5x faster to compile and a quarter of the memory on ResNet-18's
+gradients (docs/design/measurements.md).
 """
 from __future__ import annotations
 
@@ -30,12 +29,9 @@ def zero(x):
     """Assign zeros (+0.0) to the Parameter `x`, whatever it holds (NaN and Inf included): a scalar
     zero broadcast into it (`InplaceCopy`), no temporary of `x`'s size.
 
-    Not `zeros_like(x)`: MindSpore 2.10 folds that into a constant the size of `x` in the graph, so
-    resetting ResNet-18's accumulators in the update graph cost 142 MB of RSS where `x - x` (zero for
-    every finite value) mapped through `nan_to_num` (zero for the rest) cost 53 (measured, AMD EPYC;
-    45 MB of either is the optimizer's momentum, first touched there), and three kernels per tensor
-    (`Sub`, `NanToNum`, `Assign`; profiled, `NanToNum` alone 2.7 % of a ResNet-18 step with every
-    pipeline feature on, AMD EPYC family 23 model 1). Runs eagerly too."""
+    Not `zeros_like(x)`, which MindSpore 2.10 folds into a constant the size of `x`, nor `x - x`
+    through `nan_to_num` (three kernels per tensor); see docs/design/measurements.md. Runs eagerly
+    too."""
     return _COPY_INTO(x, ms.Tensor(0.0, x.dtype))
 
 
@@ -50,9 +46,7 @@ def scale_into(factor, p):
     Compiled graphs only: MindSpore 2.10's CPU wheel has no eager `InplaceMul` kernel ("The kernel
     InplaceMul unregistered"), so an eager step takes the copying path (`StepGraph.in_place`).
     Written as `assign(p, p * factor)`, MindSpore 2.10 copies `p` (`TensorMove`) before the product
-    in each graph or branch that does it: the update graph of a ResNet-18 step with every pipeline
-    feature on held 124 such copies (unscale and clip), and its peak RSS was ~20 MB higher
-    (measured, AMD EPYC family 25 model 17)."""
+    in each graph or branch that does it (docs/design/measurements.md)."""
     return _MUL_INTO(p, factor.astype(p.dtype))
 
 
@@ -64,16 +58,9 @@ def scale(factor, g):
 def _total(t):
     """The sum of every element of `t`: a sum over the first axis, then over what is left.
 
-    Not one `ReduceSum` over the whole tensor (MindSpore 2.10's CPU kernel for that is slow: over
-    five tensors of 3.3 M elements, ResNet layer shapes, AMD EPYC family 23 model 1, 22.4 ms against
-    5.2 ms as a matrix-vector product), and not a matrix-vector product either: each distinct
-    shape of CPU `MatMul` kernel holds 2-3 MB of the process from compile on (16 shapes: +35-58 MB
-    of RSS, whatever the matrices' sizes), and a conv weight must be flattened to a matrix first.
-    Measured on an Intel Xeon family 6 model 167 (GRAPH_MODE, medians of 30 interleaved calls over
-    ResNet-50's gradient shapes): the squares summed in 18.8 ms against 21.2 ms as products, the
-    finite marks in 18.3 against 15.2 ms; and the accumulating ResNet-18 step with dynamic scaling,
-    clipping and EMA peaked at 1005 against 1053 MB of RSS (ResNet-50: 1600 against 1649 MB; one
-    run each, and MindSpore's compile moves a peak by up to ~30 MB between runs)."""
+    Not one `ReduceSum` over the whole tensor (MindSpore 2.10's CPU kernel for that is slow), and not
+    a matrix-vector product either (each distinct `MatMul` shape holds 2-3 MB from compile on); see
+    docs/design/measurements.md."""
     return _SUM(_SUM(t, 0)) if t.ndim >= 2 else _SUM(t)
 
 
@@ -94,8 +81,7 @@ def nonfinite_mark(g):
     The sum of `g * 0`: a finite value times 0 is +-0, inf or NaN times 0 is NaN, so nothing can
     overflow (a sum of `g` itself could reach inf from finite values). A product and two sums
     (`_total`), where `isfinite` + `all` are two elementwise passes and MindSpore 2.10's CPU
-    `ReduceAll` is slow: over ResNet-18's 20 conv weights (11.2 M elements, AMD EPYC, 2 cores)
-    26.7 ms as `isfinite().all()`; profiled, `ReduceAll` was 29 % of the composed ResNet-18 step."""
+    `ReduceAll` is slow (docs/design/measurements.md)."""
     return CAST(_total(_MUL(g, 0.0)), ms.float32)
 
 
@@ -112,8 +98,7 @@ def follow(decay, shadow, param):
     """EMA: `shadow <- decay * shadow + (1 - decay) * param`, computed as `shadow - (1 - decay) *
     (shadow - param)` and subtracted in place (`AssignSub`).
 
-    Written as `assign(shadow, shadow * decay + param * (1 - decay))`, MindSpore 2.10 held ~22 MB
-    more in the update graph of a ResNet-18 step with accumulation and EMA (1021 against 999 MB
-    peak RSS, Intel Xeon family 6 model 167). The difference form is also the more exact one where
-    the two are close, as they are at every step (PyTorch's EMA helpers use it: `lerp_`)."""
+    Written as `assign(shadow, shadow * decay + param * (1 - decay))`, MindSpore 2.10 held more
+    memory in the update graph (docs/design/measurements.md). The difference form is also the more
+    exact one where the two are close, as they are at every step (PyTorch's EMA helpers use it: `lerp_`)."""
     return ops.assign_sub(shadow, (shadow - param) * (1.0 - decay))

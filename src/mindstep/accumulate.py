@@ -33,8 +33,7 @@ class Accumulate(nn.Cell):
         super().__init__()
         self.k = k
         # zeros made on the host: `ops.zeros` runs an eager kernel whose output stays in MindSpore's
-        # memory pool after the Parameter copied it (peak RSS of a 2 x 64 MB Dense step with
-        # accumulate=2: 1221 against 1154 MB, Intel Xeon family 6 model 167)
+        # memory pool after the Parameter copied it (docs/design/measurements.md)
         self.acc = ms.ParameterTuple(
             ms.Parameter(ms.Tensor(np.zeros(p.shape, np.float32), p.dtype), name=f"{prefix}.acc.{p.name}",
                          requires_grad=False)
@@ -48,8 +47,7 @@ class Accumulate(nn.Cell):
         # slower and held more memory (see mindstep/_map.py). In reverse parameter order, the order
         # the backward pass makes the gradients in: MindSpore chains the additions in the order
         # written, so in forward order the first addition waited for the last gradient and every
-        # gradient stayed alive until the end of the backward pass (ResNet-50, dynamic scale +
-        # accumulate=2 + clipping + EMA: peak RSS 1699 -> 1667 MB, Intel Xeon family 6 model 167)
+        # gradient stayed alive until the end of the backward pass (docs/design/measurements.md)
         done = _map.MAP(ops.assign_add, tuple(self.acc)[::-1], grads[::-1])
         ops.assign_add(self.weight, ops.depend(weight, done))
         ops.assign_add(self.micro, ms.Tensor(1, ms.int32))

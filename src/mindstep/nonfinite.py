@@ -22,19 +22,9 @@ How the check runs: one mark per gradient (`_map.nonfinite_mark`, 0 exactly when
 finite): the sum of the gradient times 0 (a product of a finite value and 0 is 0, of inf or NaN
 and 0 is NaN, so no sum can overflow); the update is finite when the marks sum to 0. That gives
 `mindspore.amp.all_finite`'s answer (NaN or Inf in any element of any gradient) in fewer and
-faster kernels than its three elementwise ones per tensor and a sum. Measured (AMD EPYC, 2 cores,
-MindSpore 2.10): ResNet-50's gradients checked in 11 ms by zero products (then summed as a matrix
-times a vector) against 69 ms by `isfinite().all()`; ResNet-18's conv weights 4.6 vs 26.7 ms,
-which made the composed ResNet-18 step (`jit-opt`) 87 -> 62 ms. The products are now summed over
-the first axis, then the rest (`_map._total`): no flattened copy of a conv weight and no `MatMul`
-kernel per gradient shape, whose memory MindSpore holds from compile on (Intel Xeon family 6
-model 167, two runs: ResNet-50's marks 18.3-19.7 ms against 15.2-15.3 as matrix products,
-ResNet-18's 6.8-8.5 against 5.6-6.2). Small networks once had a form of their own (all gradients concatenated into one buffer,
-then `isfinite` and `all`); on an Intel Xeon family 6 model 167 (2 cores, AVX-512) the bench
-MLP's step took 1.59-1.66 ms with it, 1.49-1.53 ms with the marks and 1.35-1.39 ms without a
-check (two interleaved rounds of 5 x 300 steps each), so the marks serve every network. Picking
-the small gradients out by index into one flat buffer and mapping the rest had cost ResNet-18 861
-vs 778 MB and 3.6 vs 2.5 s to compile.
+faster kernels than its three elementwise ones per tensor and a sum, summed over the first axis and
+then the rest (`_map._total`); the same marks serve small networks too. The measurements: 
+docs/design/measurements.md.
 """
 from __future__ import annotations
 

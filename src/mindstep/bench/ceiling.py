@@ -1,9 +1,8 @@
 """The GEMM ceiling at a model's own shapes (`mindstep bench --ceiling`).
 
 MFU divides by one large GEMM (2048^2) per run. A model's convolutions and dense layers are GEMMs of
-other, often much smaller, shapes, where the same MatMul kernel runs far slower: on an AMD EPYC family
-23 model 1 (2 cores, AVX2) MindSpore's CPU MatMul reached 59-75 GFLOP/s at 2048^2 but 9-27 GFLOP/s at
-the GEMM shapes of the bench ResNet-18 at 32 px, batch 16. No im2col + GEMM formulation of those
+other, often much smaller, shapes, where the same MatMul kernel runs far slower (a third of its 2048^2
+rate and less, docs/design/measurements.md). No im2col + GEMM formulation of those
 layers (the composed-operator pass's) can run faster than their GEMMs alone, so the MFU such a step can
 reach on a device is bounded by this figure, which is measured per run here.
 

@@ -257,8 +257,7 @@ def calibrate_budget(cfg: BenchConfig, spec: dict, native_peak_mb: float, on_pro
     def trial(budget):
         if on_progress:
             on_progress(f"jit-opt: memory calibration ({'no cap' if budget is None else f'{budget:.0f} MB'})", i, total)
-        # one call, the compiling one: the peak is reached there (ResNet-50, 64 px, batch 8, jit and
-        # jit-opt on an AMD EPYC family 25 model 17: 1295 / 1426 MB after call 1, 1296 / 1427 after 5)
+        # one call, the compiling one: the peak is reached there (docs/design/measurements.md)
         out = run_worker({**spec, "steps": 1, "warmup": 0, "optimize": {"memory_budget_mb": budget}},
                          cfg.timeout_s, cfg.extra_env)
         peak = out.get("peak_mem_mb")

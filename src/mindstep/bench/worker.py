@@ -183,12 +183,10 @@ def _compile_apart(compile_fn, batch, settings: dict) -> float:
 def first_call_counts(times: list, k: int, max_seconds: float | None, profile_dir=None) -> bool:
     """Whether a step compiled apart may stop after its first call and time that call alone: the
     call only executed (the compile came before it), it took at least `max_seconds`, so a second
-    call would be cut there too and cost as much again (a native ResNet-50 step at 224 px, batch 32,
-    took 280-340 s on an AMD EPYC family 25 model 17), and each call is a whole update (k = 1; an
-    accumulating step's first window holds its update graph's first run). Not when profiling,
-    which starts after the warm-up. The one-time costs of a first execution (memory pools, kernel
-    set-up) are small beside it: a 64->64 3x3 conv's forward and backward took 11.0 ms first and
-    5.3-7.5 ms after at (2, 64, 4, 4), but 17.8 s first and 21-22 s after at (32, 64, 56, 56)."""
+    call would be cut there too and cost as much again (a native ResNet-50 step at 224 px takes
+    minutes on some CPUs), and each call is a whole update (k = 1; an accumulating step's first window
+    holds its update graph's first run). Not when profiling, which starts after the warm-up. The
+    one-time costs of a first execution are small beside it (docs/design/measurements.md)."""
     return (max_seconds is not None and k == 1 and not profile_dir and len(times) == 1
             and times[0] >= max_seconds)
 

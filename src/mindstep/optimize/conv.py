@@ -477,8 +477,7 @@ class _ConvFn(nn.Cell):
         dW[k, c, tau] = sum_q cols[k*taps + t(tau), q] x[c, q], one GEMM with x itself (no columns of x:
         the im2col of x that the other path recomputes, C*k*k rows, is the costly kernel at large maps),
         its (K*taps, C) result put back in kernel order by a batched GEMM with the one-hot tap map.
-        Measured on an Intel Xeon (family 6 model 167, batch 4, 32 px, fwd+bwd GRAPH_MODE): 32->16 3x3
-        6.9-7.1 -> 3.4-4.9 ms, 32->32 on 64x64 30.8-35.5 -> 22.4-23.3 ms (batched)."""
+        Measured: docs/design/measurements.md."""
         cols = self._dy_columns(dout, n, k)
         xl = _RESHAPE(x, (n, c, self.dxh * self.dxw))
         wt = _input_grad_kernel(w, self.tap_map)  # (K*taps, C)
@@ -517,9 +516,8 @@ def _group_correlate(im2col, xp, w4, ho, wo):
     """Grouped cross-correlation of x with w4 (G, Kg, Cg*kh*kw) as im2col + one GEMM batched over the
     samples and the groups: per sample and group, the group's (Kg, Cg*k*k) kernel times its
     (Cg*k*k, L) columns; output (N, G*Kg, ho, wo). For a depthwise layer (Cg = Kg = 1) that is each
-    channel's taps times its columns: measured on MindSpore 2.10 CPU (AMD EPYC, batch 16, 3x3),
-    2.9 vs 13.8 ms for native's forward at 96 channels on 16x16, 1.6 vs 9.2 ms at 144 on 8x8 (an
-    elementwise multiply and a sum over the taps: 18.4 and 5.9 ms; nine shifted slices: 10.7, 4.3)."""
+    channel's taps times its columns, faster than native and than the other depthwise forms tried
+    (docs/design/measurements.md)."""
     n = xp.shape[0]
     g, kg, ckk = w4.shape
     cols = _RESHAPE(im2col(xp), (n, g, ckk, ho * wo))

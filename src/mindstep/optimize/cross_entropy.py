@@ -1,10 +1,8 @@
 """`nn.CrossEntropyLoss` over (rows, classes) logits and class-index labels, with a composed backward.
 
 Why: MindSpore 2.10's CPU cross-entropy (`ops.cross_entropy`: log-softmax, then a negative
-log-likelihood through one-hot products) is slow on wide logits. On an AMD EPYC family 23 model 1
-(Zen 1, AVX2), the bench BERT's loss over (1024, 1000) logits in GRAPH_MODE (medians of 20 calls):
-native forward + backward 29.6 ms with 7 ignored labels (18.8 ms with none), this form 5.4 ms; in
-the `jit-opt` step 116.4 -> 103.2 ms (medians of 5 interleaved rounds). The composed form:
+log-likelihood through one-hot products) is slow on wide logits (docs/design/measurements.md). The
+composed form:
 
     forward:  logp = log_softmax(logits);  loss = -sum(logp[i, y_i] * m_i) / sum(m_i)
     backward: d logits = (softmax(logits) - onehot(y)) * m_i * dloss / sum(m_i)
@@ -30,10 +28,8 @@ but leaves `LogSoftmax` and `Softmax` as they are:
     backward: d logits = (exp(logits - lse) - onehot(y)) * m_i * dloss / sum(m_i)
 
 (the backward recomputes `lse`, and builds the labels' one-hot by comparing them with the class
-indices). The bench BERT's head (a Dense 128 -> 1000 on 1024 rows, then the loss; forward + backward
-in GRAPH_MODE, medians of 80 interleaved calls, Intel Xeon family 6 model 167), fused: native 10.36
-and 8.75 ms in two processes, "composed" 9.69 and 6.54, "lse" 8.15 and 6.03; unfused "lse" is the
-slower one (native 15.80, "composed" 7.62, "lse" 15.20). The pass measures both forms, and fused
+indices). Under graph-kernel fusion "lse" was the faster form, unfused the slower one
+(docs/design/measurements.md). The pass measures both forms, and fused
 decisions have a cache key of their own, so each setting gets its own.
 """
 from __future__ import annotations

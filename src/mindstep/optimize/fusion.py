@@ -6,27 +6,14 @@ into one generated kernel each (graph-kernel fusion, its AKG compiler; `enable_g
 in the CPU wheel, but its compiler imports the `decorator` package, which the wheel does not install
 (without it the compile fails with "Response is empty"); mindstep's dependencies include it.
 
-Off by default for now: it wins in every measurement below, but costs compile time (the generated
-kernels compile in each process) and has been measured on one CPU only. On an Intel Xeon family 6
-model 167 (AVX-512, AMX; 2 cores), `mindstep bench --modes jit,jit-opt,jit-opt-fuse` (medians of
-interleaved runs, +- half their range; compile s in brackets):
-
-    bert (--repeat 3)      jit 134.0 +-3 % (3.7)    jit-opt 91.6 +-9 % (3.8)   jit-opt-fuse 46.2 +-10 % (10.4)
-    resnet18 (--repeat 2)  jit 1461.3 +-3 % (4.8)   jit-opt 160.3 +-5 % (7.6)  jit-opt-fuse 148.7 +-1 % (10.2)
-    rrdbnet (--repeat 2)   jit 6649.3 +-1 % (10.9)  jit-opt 375.5 +-4 % (6.7)  jit-opt-fuse 339.0 +-4 % (12.0)
-
-(BERT's MFU 14.8 -> 29.3 % of the run's 251.9 GFLOP/s GEMM peak; peak memory 688 -> 642 MB.) Most of
-BERT's gain is the fusion itself: with every layer forced native, its fused step took 47.8-48.3 ms.
-Fused, the pass's own measurements choose differently (native GELU 1.6 ms against its composed form's
-3.2; the composed LayerNorm 2.0 against native's 3.9), which is why the decisions are keyed by the
-fusion (`key_device`).
+Off by default for now: it won in every measurement so far, but costs compile time (the generated
+kernels compile in each process) and has been measured on one CPU only
+(docs/design/measurements.md). Fused, the pass's own measurements choose differently, which is why
+the decisions are keyed by the fusion (`key_device`).
 
 The process's first `fused` block first runs a small fused graph `WARM_UP_CALLS` times (`_warm_up`).
 Without it, a fused step whose process had run no fused graph before it compiled ran 3x slower, and
-stayed so: the same forced BERT decisions took 109.9-154.3 ms a step (minimums 52-65) in six such
-processes, 40.7-48.7 ms in eight that had first run the pass's fused probes, or a two-op fused graph
-3, 5 or 10 times; after 1 run it was still 114.3-154.3 ms. (Why is MindSpore's own matter; a step
-whose decisions came from the cache measured no probes, so it hit this.)
+stayed so (docs/design/measurements.md; why is MindSpore's own matter).
 
 Each process compiles its fused kernels afresh (BERT's first call 10.9-20.8 s against 5.9 unfused)
 into a temporary directory of its own, removed at exit (MindSpore keeps them under

@@ -1,8 +1,8 @@
 """`nn.GELU` as a few elementwise kernels, with a backward that recomputes from the input.
 
-Why: MindSpore 2.10's CPU `GeLU` and `GeLUGrad` kernels run near 0.1 G elements/s; on this project's
-AMD EPYC they were 36 % of the bench BERT's `jit` step (`mindstep bench --model bert --profile`: GeLUGrad
-18.9 %, GeLU 17.2 %). The same function written as elementwise kernels MindSpore runs fast:
+Why: MindSpore 2.10's CPU `GeLU` and `GeLUGrad` kernels run near 0.1 G elements/s, a third of the
+bench BERT's step on some CPUs (docs/design/measurements.md). The same function written as
+elementwise kernels MindSpore runs fast:
 
 - `approximate=True` (MindSpore's default, the tanh form): `0.5 x (1 + tanh(z)) = x * sigmoid(2 z)`,
   `z = sqrt(2/pi) (x + 0.044715 x^3)`; the two sides are the same function, the sigmoid side is the
@@ -11,13 +11,10 @@ AMD EPYC they were 36 % of the bench BERT's `jit` step (`mindstep bench --model 
 - `approximate=False` (the erf form): `0.5 x (1 + erf(x / sqrt 2))`.
 
 Each is a Cell with its own `bprop`, which recomputes the derivative from `x` alone (as `GeLUGrad`
-does), so a training step keeps the input only, like the native layer. Forward + backward on one
-(16, 64, 512) float32 input in GRAPH_MODE, medians of 9 calls on the AMD EPYC (AVX2, AVX-512): tanh
-form native 12.7 ms, composed 3.5 ms; erf form native 11.7 ms, composed 9.8 ms. `decide`'s measurement
+does), so a training step keeps the input only, like the native layer. `decide`'s measurement
 chooses per shape. A float16 input (mixed precision) is computed in float32 inside the layer and
-the result cast back (float16's `x^3` would overflow above |x| = 40, its `x^2` above 256): at
-(16, 64, 512) native float16 27.2 ms, composed 10.6 ms, and nearer the float64 result than native
-(native 3.9e-4 of the gradient's scale off it). bfloat16 stays native.
+the result cast back (float16's `x^3` would overflow above |x| = 40, its `x^2` above 256); it is
+also nearer the float64 result than native's. bfloat16 stays native.
 """
 from __future__ import annotations
 
@@ -43,9 +40,7 @@ class _TanhGelu(nn.Cell):
     """x * sigmoid(u), u = 2 sqrt(2/pi) (x + 0.044715 x^3), and its derivative recomputed from x; both in
     float32 whatever the input's float type, the result in the input's. Written with as few kernels as
     the function allows (constants folded, `t = c x^2` shared, `s (1 - s) v` as one `SigmoidGrad`): each
-    is a pass over the whole activation. At (16, 64, 512) float32, forward + backward, 4 calls chained
-    per probe, GRAPH_MODE, on an Intel Xeon family 6 model 167: 3.6-3.8 ms per call against 5.8-6.0 for
-    the spelled-out form (FORMULATION gelu-2) and 13-24 native."""
+    is a pass over the whole activation (docs/design/measurements.md)."""
 
     def construct(self, x):
         x32 = ops.cast(x, mstype.float32)

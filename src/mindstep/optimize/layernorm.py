@@ -1,11 +1,8 @@
 """`nn.LayerNorm` over the last axis as elementwise kernels and matrix-vector products (or reductions).
 
 Why: MindSpore 2.10's CPU `LayerNorm` and `LayerNormGrad` kernels are slow next to the elementwise
-and GEMM kernels the same arithmetic can be written in. On an AMD EPYC family 23 model 1 (Zen 1,
-AVX2), one (1024, 128) float32 row block in GRAPH_MODE (medians of 30 calls, each with ~0.2 ms of
-call overhead): native forward 1.3 ms against 0.6 ms composed; native forward + `LayerNormGrad` 5.5 ms
-against 1.4 ms for the composed backward alone; in the bench BERT's `jit-opt` step (`mindstep bench --model bert --profile`) `LayerNormGrad`
-was 15 % of the time. Each form recomputes from the layer's input:
+and GEMM kernels the same arithmetic can be written in (docs/design/measurements.md). Each form
+recomputes from the layer's input:
 
     mean = x times a (H, 1) vector of 1/H,  xc = x - mean,  rstd = rsqrt(mean(xc * xc) + eps)
     y = xc * rstd * gamma + beta
@@ -18,18 +15,14 @@ was 15 % of the time. Each form recomputes from the layer's input:
 Forms (`FORMS`, per direction as for convs): ``"composed"`` computes the forward as above too;
 ``"native-fwd"`` keeps MindSpore's own forward kernel and only the backward is composed (where the
 native forward is fast and only its gradient is slow). `decide` times both against native per
-input shape and keeps a form only when it is `decide.KIND_MARGIN` faster: on a CPU where the native
-kernels were level (an AMD EPYC with AVX-512, bench BERT: 2.25 vs 2.14 ms per layer) the layers stay
-native, and the step keeps their memory.
+input shape and keeps a form only when it is `decide.KIND_MARGIN` faster: where the native kernels
+are level the layers stay native, and the step keeps their memory.
 
 A third form, ``"reduce"``, is the same arithmetic with the row means and the column sums taken by
 reduction kernels (`ReduceMean`, `ReduceSum`) instead of matrix-vector products: graph-kernel fusion
 (`optimize={'fuse': True}`) fuses reductions with the elementwise kernels around them, where each
 product is a `MatMul` launch of its own (the fused bench BERT step, "composed", ran 24 of its 51
-`MatMul`s for its four LayerNorms). A Dense + residual + LayerNorm block at (16, 64, 128), forward + backward in
-GRAPH_MODE, medians of 60 interleaved calls, Intel Xeon family 6 model 167: fused, native 4.38 and
-4.49 ms in two processes, "composed" 2.60 and 2.73, "reduce" 2.18 and 2.25; unfused native 5.11,
-"composed" 5.39, "reduce" 4.82.
+`MatMul`s for its four LayerNorms; the timings: docs/design/measurements.md).
 
 Only the common case is composed: one normalised axis, the last, with gamma and beta over it, float32
 or float16 input (the arithmetic then runs in float32 and the results are cast back).

@@ -18,12 +18,9 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
     and padded output gradient, the picked (flipped, transposed) kernel, and the input gradient's
     columns and GEMM outputs. Not all of them are alive at once (`_ConvFn.bprop` orders its work so
     that a layer's backward temporaries are freed before the next layer's backward), so the sum is
-    what a layer may cost at most; how much a step really keeps is measured: in chains of composed
-    layers 36 of 473 MB (one-gemm, stride 1), 15 of 246 MB (batched, stride 1), 39 of 89 MB
-    (batched, stride 2) and 56 of 137 MB (one-gemm + phases, stride 2) for layers 2 and 3
-    (tests/test_optimize.py checks the bound); with the weight gradient from dY's columns (Intel Xeon
-    family 6 model 167) 61 of 329 MB (one-gemm) and 50 of 174 MB (batched), stride 1; and a fraction
-    over whole networks (`RETAINED`). Layers that become a plain matmul
+    what a layer may cost at most; how much a step really keeps is measured (tests/test_optimize.py
+    checks the bound; docs/design/measurements.md), and a fraction over whole networks (`RETAINED`).
+    Layers that become a plain matmul
     (`conv.matmul_only`; MindSpore's own autodiff) add only their operands' copies: the broadcast
     kernel, or the batch-folded input and output gradient; ~0 on a 1x1 input.
 
@@ -37,8 +34,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
     n, c, h, w = shape
     # A form with MindSpore's own weight-gradient kernel (NATIVE_DW) is counted as its base form: it
     # keeps no recomputed columns, but the kernel's own workspace is not known from the shapes, and
-    # whole steps measured both ways (peak RSS against the base forms, AMD EPYC: rrdbnet +60 MB with
-    # 32 layers so, ResNet-18 at 32 px -6 MB with 13).
+    # whole steps measured both ways differed little (docs/design/measurements.md).
     form = form.replace(NATIVE_DW, "")
     if form.endswith(NATIVE_FWD_DX):
         return _weight_gradient_mb(conv, shape, form)

@@ -71,8 +71,7 @@ def record_inputs(nets, run, inputs=(), stats: dict | None = None) -> dict:
 
 
 # The shape probe runs at batches 1 and 2 when the training batch is at least this: the two calls
-# then cost 3 samples' forward instead of the whole batch's (ResNet-50, 224 px, batch 32 on an AMD
-# EPYC family 25 model 17: 5.7 s + 13.9 s against 146 s for the whole batch).
+# then cost 3 samples' forward instead of the whole batch's (docs/design/measurements.md).
 SMALL_PROBE_FROM = 4
 
 
@@ -161,10 +160,8 @@ def budget_mb(rss_before_probe: float, rss_after_probe: float, native_peak_mb: f
 
 
 # How much of the shape probe's own memory (an eager forward) a training step keeps: the native `jit`
-# step's peak RSS with the probe run first against without, on an Intel Xeon family 6 model 207
-# (MindSpore 2.10 CPU, 32 px): rrdbnet 972 vs 973 MB (probe 54 MB), ResNet-18 928 vs 927 (44),
-# ResNet-50 1425 vs 1396 (69): at most 0.42 of it, so a half is counted. (The whole probe was once
-# counted, which with a budget from the process's memory alone left DenseNet-121 28 MB.)
+# step's peak RSS with the probe run first against without: at most 0.42 of it, so a half is
+# counted (docs/design/measurements.md).
 PROBE_KEPT = 0.5
 
 
