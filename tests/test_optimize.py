@@ -1179,3 +1179,18 @@ def test_a_composed_layer_runs_the_native_one_at_another_input_size(mode):
         with graph_mode() if mode == ms.GRAPH_MODE else contextlib.nullcontext():
             got = layer(x).asnumpy()
         np.testing.assert_allclose(got, conv(x).asnumpy(), atol=1e-5)
+
+
+def test_conv_forms_are_values_that_cannot_name_an_impossible_combination():
+    from mindstep.optimize.conv import ALL_FORMS, Form
+
+    for name in ALL_FORMS:  # every name parses and prints back
+        assert str(Form.parse(name)) == name
+    assert Form.parse("one-gemm+phases+native-dw") == Form("one-gemm", phases=True, native="dw")
+    assert Form.parse("batched+native-fwd-dx").base == Form("batched")
+    with pytest.raises(ValueError, match="have no '\\+phases'"):
+        Form("one-gemm", phases=True, native="fwd-dx")
+    with pytest.raises(ValueError, match="no conv form named"):
+        Form.parse("one-gemm+phases+native-fwd-dx")
+    with pytest.raises(ValueError, match="no such conv form"):
+        Form("two-gemm")

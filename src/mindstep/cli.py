@@ -371,6 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help_, description=textwrap.fill(description, 100), epilog=EXAMPLES[name],
                               formatter_class=fmt, parents=[common])
 
+    for add_arguments in (_env_arguments, _bench_arguments, _doctor_arguments, _train_arguments, _launch_arguments, _demo_arguments):
+        add_arguments(command)
+    return parser
+
+
+def _env_arguments(command) -> None:
+    """`mindstep env`'s arguments."""
     p = command("env", "what this machine is: versions, devices, CPU, memory",
                 "Print what MindSpore sees here: mindstep, MindSpore, numpy and Python versions; whether "
                 "Ascend, GPU and CPU are usable; the CPU model and SIMD flags (every speed figure depends "
@@ -381,6 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure an fp32 GEMM ceiling (GFLOP/s, best of 8 2048x2048 matmuls; a few seconds)")
     p.set_defaults(func=_cmd_env)
 
+
+def _bench_arguments(command) -> None:
+    """`mindstep bench`'s arguments."""
     p = command("bench", "PyNative vs jit vs jit-opt vs plain MindSpore, side by side",
                 "Train a model for a few steps in each mode, each in a fresh process, and print throughput, "
                 "step time (median and p90), compile time, peak memory and MFU against this run's measured "
@@ -433,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="print the composed-operator pass's per-layer decisions")
     p.set_defaults(func=_cmd_bench)
 
+
+def _doctor_arguments(command) -> None:
+    """`mindstep doctor`'s arguments."""
     p = command("doctor", "find graph-mode pitfalls in training code; --explain a MindSpore error",
                 "Read Python files (nothing runs) and report the graph-mode pitfalls found, each with its "
                 "line and a fix; or explain a MindSpore error message read from a file or stdin.")
@@ -447,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also print a count per rule, the files read and the slowest file")
     p.set_defaults(func=_cmd_doctor)
 
+
+def _train_arguments(command) -> None:
+    """`mindstep train`'s arguments."""
     p = command("train", "train a recipe or a YAML config end to end",
                 "Train a recipe (its YAML defaults, your --config file, then key=value overrides, validated "
                 "before anything is built) with mindstep's compiled step: a progress bar, metrics.jsonl, "
@@ -465,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=3e-4 step.accumulate=4")
     p.set_defaults(func=_cmd_train)
 
+
+def _launch_arguments(command) -> None:
+    """`mindstep launch`'s arguments."""
     p = command("launch", "run a data-parallel job on MindSpore's msrun; fail fast when a worker dies",
                 "Start --nproc workers of this node through MindSpore's msrun, each running the Python command "
                 "after --; print every worker's output with its rank; and when a worker fails (an exception, a "
@@ -481,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the Python command each worker runs")
     p.set_defaults(func=_cmd_launch)
 
+
+def _demo_arguments(command) -> None:
+    """`mindstep demo`'s arguments."""
     p = command("demo", "a short training run, PyNative vs the compiled step",
                 "Train a small conv net for a few steps eagerly (PyNative) and as one compiled mindstep step, "
                 "and print both runs' losses, step times and compile counts.")
@@ -489,7 +511,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=_positive, default=16)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_demo)
-    return parser
 
 
 def main(argv=None) -> int:

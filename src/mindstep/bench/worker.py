@@ -64,8 +64,19 @@ def measure_peak_gflops(n: int = PEAK_N, repeats: int = PEAK_REPEATS) -> float:
     return 2.0 * n ** 3 / time_gemm(n, n, n, repeats, max_seconds=math.inf) / 1e9
 
 
+def _build_model(spec: dict):
+    """The bench model of `spec`, its network built from the run's seed, and a generator seeded the
+    same way for its batches: `(model spec, network, rng)`."""
+    from . import zoo
+
+    model = zoo.MODELS[spec["model"]]
+    ms.set_seed(spec["seed"])
+    net = model.build(spec["image_size"], spec["seq_len"])
+    return model, net, np.random.default_rng(spec["seed"])
+
+
 def run(spec: dict) -> dict:
-    from . import modes, zoo
+    from . import zoo
 
     if spec["mode"] == "peak":
         return {"peak_gflops": measure_peak_gflops()}
@@ -73,11 +84,8 @@ def run(spec: dict) -> dict:
         return _prepare_opt(spec)
     if spec["mode"] == "ceiling":
         return _ceiling(spec)
-    model = zoo.MODELS[spec["model"]]
-    ms.set_seed(spec["seed"])
-    net = model.build(spec["image_size"], spec["seq_len"])
+    model, net, rng = _build_model(spec)
     loss_fn = model.loss()
-    rng = np.random.default_rng(spec["seed"])
     batch_size = spec["batch_size"] * (spec.get("accumulate", 1) if spec["mode"] == "jit-big" else 1)
     batches = [tuple(ms.Tensor(a) for a in model.batch(rng, batch_size, spec["image_size"], spec["seq_len"]))
                for _ in range(spec["distinct_batches"])]
@@ -86,58 +94,17 @@ def run(spec: dict) -> dict:
     flops = 3.0 * batch_size * zoo.forward_flops(net, (batches[0][0][:1],))
     warmup, steps = spec["warmup"], spec["steps"]
 
-    def feed():
-        return [batches[i % len(batches)] for i in range(warmup + steps)]
+    def feed(calls: int) -> list:
+        return [batches[i % len(batches)] for i in range(calls)]
 
     k = 1  # calls per update
     asked = warmup + steps  # the calls a run makes when nothing cuts it
     if spec["mode"] == "model":
-        times, losses, compile_s, settings, warmup = _run_model(net, loss_fn, feed(), warmup, spec.get("max_seconds"))
+        times, losses, compile_s, settings, warmup = _run_model(net, loss_fn, feed(asked), warmup,
+                                                                spec.get("max_seconds"))
     else:
-        run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
-                                         optimize=spec.get("optimize", True), accumulate=spec.get("accumulate", modes.ACCUMULATE))
-        # an accumulating step compiles its update graph at its k-th call: keep that call out of the
-        # timing; and time whole windows (k calls, the last one with the update)
-        k = getattr(settings.get("step"), "accumulate", 1)
-        warmup, steps = -(-max(warmup, k) // k) * k, -(-steps // k) * k
-        asked = warmup + steps
-        compile_fn = settings.pop("compile", None)
-        compiled_s = 0.0 if compile_fn is None else _compile_apart(compile_fn, batches[0], settings)
-        times, losses = [], []
-        profiler = None
-        for i, batch in enumerate(feed()):
-            if i == warmup and spec.get("profile_dir"):
-                profiler = _start_profiler(spec["profile_dir"])
-            t0 = time.perf_counter()
-            loss = float(run_step(*batch).asnumpy())  # asnumpy synchronises before the clock is read
-            times.append(time.perf_counter() - t0)
-            losses.append(loss)
-            if compile_fn is not None and first_call_counts(times, k, spec.get("max_seconds"), spec.get("profile_dir")):
-                warmup = 0
-                break
-            warmup = warmup_after(times, warmup, k, spec.get("max_seconds"), settings)
-            if enough(times[warmup:], k, spec.get("max_seconds")) or len(times) - warmup >= steps:
-                break
-        if profiler is not None:
-            profiler.stop()
-            profiler.analyse()
-        step = settings.pop("step", None)
-        # the first call, with the compile: apart, it came before (and any update graph's with it)
-        compile_s = compiled_s + times[0] if compile_fn is not None else first_window_s(times, warmup, k)
-        if step is not None and step.optimize_report is not None:
-            # the composed-operator pass runs inside the compile apart (or the first call): report it apart
-            compile_s -= step.optimize_s
-            if "compiled_apart_s" in settings:  # the graph's compile alone
-                settings["compiled_apart_s"] = round(compiled_s - step.optimize_s, 2)
-            table = step.optimize_report
-            settings["optimize_s"] = round(step.optimize_s, 2)
-            budget = step.optimize_budget_mb
-            settings["memory_budget_mb"] = None if budget is None else round(budget, 1)
-            settings["memory_budget_from"] = spec.get("budget_source", "the pass's estimate of the native peak")
-            settings["rewritten"] = f"{sum(r['choice'] != 'native' for r in table)}/{len(table)} layers"
-            settings["optimize_report"] = table
-        if k > 1:
-            settings["timed_as"] = f"per call, the mean over each window of {k} calls"
+        times, losses, compile_s, settings, warmup, steps, k, asked = _time_mindstep(spec, net, loss_fn, feed,
+                                                                                      batches[0], warmup, steps)
     measured = per_call(times[warmup:], k)
     p50 = statistics.median(measured)
     timed = len(times) - warmup
@@ -154,6 +121,60 @@ def run(spec: dict) -> dict:
         "peak_mem_mb": mem, "mem_source": source, "anon_mem_mb": _own_mem_mb(), "flops_per_step": flops,
         "loss_first": losses[0], "loss_last": losses[-1], "timed_calls": timed, "settings": settings,
     }
+
+
+def _time_mindstep(spec: dict, net, loss_fn, feed, first_batch, warmup: int, steps: int):
+    """A mindstep mode's step, compiled apart where it can be, then called `warmup` + `steps` times
+    (whole accumulation windows) with every call timed: `(times, losses, compile_s, settings, warmup,
+    steps, k, asked)`, `warmup` as the warm-up ended (`warmup_after`), `k` the calls per update and
+    `asked` the calls a run makes when nothing cuts it."""
+    from . import modes
+
+    run_step, settings = modes.build(spec["mode"], net, loss_fn, features=spec.get("features", False),
+                                     optimize=spec.get("optimize", True), accumulate=spec.get("accumulate", modes.ACCUMULATE))
+    # an accumulating step compiles its update graph at its k-th call: keep that call out of the
+    # timing; and time whole windows (k calls, the last one with the update)
+    k = getattr(settings.get("step"), "accumulate", 1)
+    warmup, steps = -(-max(warmup, k) // k) * k, -(-steps // k) * k
+    asked = warmup + steps
+    compile_fn = settings.pop("compile", None)
+    compiled_s = 0.0 if compile_fn is None else _compile_apart(compile_fn, first_batch, settings)
+    times, losses = [], []
+    profiler = None
+    for i, batch in enumerate(feed(asked)):
+        if i == warmup and spec.get("profile_dir"):
+            profiler = _start_profiler(spec["profile_dir"])
+        t0 = time.perf_counter()
+        loss = float(run_step(*batch).asnumpy())  # asnumpy synchronises before the clock is read
+        times.append(time.perf_counter() - t0)
+        losses.append(loss)
+        if compile_fn is not None and first_call_counts(times, k, spec.get("max_seconds"), spec.get("profile_dir")):
+            warmup = 0
+            break
+        warmup = warmup_after(times, warmup, k, spec.get("max_seconds"), settings)
+        if enough(times[warmup:], k, spec.get("max_seconds")) or len(times) - warmup >= steps:
+            break
+    if profiler is not None:
+        profiler.stop()
+        profiler.analyse()
+    step = settings.pop("step", None)
+    # the first call, with the compile: apart, it came before (and any update graph's with it)
+    compile_s = compiled_s + times[0] if compile_fn is not None else first_window_s(times, warmup, k)
+    if step is not None and step.optimize_report is not None:
+        # the composed-operator pass runs inside the compile apart (or the first call): report it apart
+        compile_s -= step.optimize_s
+        if "compiled_apart_s" in settings:  # the graph's compile alone
+            settings["compiled_apart_s"] = round(compiled_s - step.optimize_s, 2)
+        table = step.optimize_report
+        settings["optimize_s"] = round(step.optimize_s, 2)
+        budget = step.optimize_budget_mb
+        settings["memory_budget_mb"] = None if budget is None else round(budget, 1)
+        settings["memory_budget_from"] = spec.get("budget_source", "the pass's estimate of the native peak")
+        settings["rewritten"] = f"{sum(r['choice'] != 'native' for r in table)}/{len(table)} layers"
+        settings["optimize_report"] = table
+    if k > 1:
+        settings["timed_as"] = f"per call, the mean over each window of {k} calls"
+    return times, losses, compile_s, settings, warmup, steps, k, asked
 
 
 # A run's timed calls stop once they add up to this many seconds (`mindstep bench --max-seconds`): a
@@ -212,12 +233,8 @@ def _prepare_opt(spec: dict) -> dict:
     """Measure the composed-operator decisions for this model and shape into the disk cache, in a
     process of its own, so the `jit-opt` worker's peak memory and timings hold training only."""
     from ..optimize import fusion, optimize
-    from . import zoo
 
-    model = zoo.MODELS[spec["model"]]
-    ms.set_seed(spec["seed"])
-    net = model.build(spec["image_size"], spec["seq_len"])
-    rng = np.random.default_rng(spec["seed"])
+    model, net, rng = _build_model(spec)
     x = model.batch(rng, spec["batch_size"], spec["image_size"], spec["seq_len"])[0]
     t0 = time.perf_counter()
     with fusion.maybe(bool(spec.get("fuse"))):  # jit-opt-fuse's decisions are measured fused
@@ -230,10 +247,7 @@ def _ceiling(spec: dict) -> dict:
     """The GEMM ceiling at this model's own shapes (`ceiling.measure`), in a process of its own."""
     from . import ceiling, zoo
 
-    model = zoo.MODELS[spec["model"]]
-    ms.set_seed(spec["seed"])
-    net = model.build(spec["image_size"], spec["seq_len"])
-    rng = np.random.default_rng(spec["seed"])
+    model, net, rng = _build_model(spec)
     # one sample of the network's input, as the modes count their FLOPs (`run`)
     x = (ms.Tensor(model.batch(rng, spec["batch_size"], spec["image_size"], spec["seq_len"])[0][:1]),)
     counted = 3.0 * spec["batch_size"] * zoo.forward_flops(net, x)

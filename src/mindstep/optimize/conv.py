@@ -22,6 +22,8 @@ the group's (K/G, C/G*k*k) kernel times its columns).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 import numpy as np
 from mindspore import Tensor, nn, ops
@@ -40,6 +42,49 @@ NATIVE_DW = "+native-dw"
 # Measurements: docs/design/composed-pass.md#native_fwd_dx-forms
 NATIVE_FWD_DX = "+native-fwd-dx"
 ALL_FORMS = FORMS + tuple(f + NATIVE_DW for f in FORMS) + tuple(f + NATIVE_FWD_DX for f in FORMS[:2])
+
+
+@dataclass(frozen=True)
+class Form:
+    """A composed conv form as a value, parsed once from its name (`Form.parse("one-gemm+phases")`),
+    so a combination no layer can run cannot be written: `gemm` is ``"batched"`` (the kernel
+    broadcast over the batch) or ``"one-gemm"`` (one GEMM over the folded batch); `phases`: the input
+    gradient by stride phases; `native`: None, ``"dw"`` (MindSpore's weight-gradient kernel,
+    `NATIVE_DW`) or ``"fwd-dx"`` (MindSpore's forward and input gradient, `NATIVE_FWD_DX`, which
+    leaves no input gradient for phases to change). `str(form)` is its name."""
+
+    gemm: str
+    phases: bool = False
+    native: str | None = None
+
+    GEMMS = ("batched", "one-gemm")
+    NATIVE = {None: "", "dw": NATIVE_DW, "fwd-dx": NATIVE_FWD_DX}
+
+    def __post_init__(self):
+        if self.gemm not in self.GEMMS or self.native not in self.NATIVE:
+            raise ValueError(f"no such conv form: gemm={self.gemm!r}, native={self.native!r}")
+        if self.phases and self.native == "fwd-dx":
+            raise ValueError(f"the input gradient is native in the '{NATIVE_FWD_DX}' forms: they have no '+phases'")
+
+    @classmethod
+    def parse(cls, name: str) -> "Form":
+        """The form named `name`, one of `ALL_FORMS`."""
+        if name not in ALL_FORMS:
+            raise ValueError(f"no conv form named {name!r}; the forms are {ALL_FORMS}")
+        native = "dw" if name.endswith(NATIVE_DW) else "fwd-dx" if name.endswith(NATIVE_FWD_DX) else None
+        return cls(gemm=name.split("+")[0], phases="+phases" in name, native=native)
+
+    @property
+    def one_gemm(self) -> bool:
+        return self.gemm == "one-gemm"
+
+    @property
+    def base(self) -> "Form":
+        """The same GEMMs without MindSpore's kernels (`native` dropped)."""
+        return Form(self.gemm, self.phases)
+
+    def __str__(self) -> str:
+        return self.gemm + ("+phases" if self.phases else "") + self.NATIVE[self.native]
 
 
 _BMM_NT = ops.BatchMatMul(transpose_b=True)
@@ -669,19 +714,21 @@ class GemmConv2d(nn.Cell):
     def __init__(self, conv: nn.Conv2d, input_hw: tuple[int, int], form: str = "batched", input_grad: bool = True):
         super().__init__(auto_prefix=False)
         if form not in layer_forms(conv, input_hw):
-            if conv.group != 1:
+            if form not in ALL_FORMS:
+                why = ("the input gradient is native in the '+native-fwd-dx' forms: they have no '+phases'"
+                       if "+phases" in form and NATIVE_FWD_DX in form else f"the forms are {ALL_FORMS}")
+            elif conv.group != 1:
                 why = (f"a grouped layer has the batched form, alone, with '{NATIVE_DW}' or with "
                        f"'{NATIVE_FWD_DX}'")
-            elif "+phases" in form and form.endswith(NATIVE_FWD_DX):
-                why = f"the input gradient is native in the '{NATIVE_FWD_DX}' forms: they have no '+phases'"
-            elif form.endswith((NATIVE_DW, NATIVE_FWD_DX)):
+            elif form in ALL_FORMS and Form.parse(form).native is not None:
                 why = f"the '{NATIVE_DW}' and '{NATIVE_FWD_DX}' forms are for layers that do not become a plain matmul"
             else:
                 why = "the '+phases' forms need a stride > 1 and no dilation"
             raise ValueError(f"`form` must be one of {layer_forms(conv, input_hw)} for this layer at input size "
                              f"{tuple(input_hw)}, but got {form!r} ({why}).")
         self.form = form
-        self.one_gemm = form.startswith("one-gemm")
+        shape = Form.parse(form)
+        self.one_gemm = shape.one_gemm
         # the layer's mixed-precision flags (`to_float`): under O2 the composed form must cast its
         # inputs and weights as the native conv does (without them fp16 inputs met fp32 weights:
         # "For primitive[MatMulExt], the input type must be same")
@@ -706,7 +753,7 @@ class GemmConv2d(nn.Cell):
         if self.tap is not None:
             kk = conv.kernel_size[0] * conv.kernel_size[1]
             self.select = Tensor(np.eye(kk, dtype=np.float32)[:, self.tap:self.tap + 1].copy())  # (kk, 1)
-        native_dw, native_fwd_dx = form.endswith(NATIVE_DW), form.endswith(NATIVE_FWD_DX)
+        native_dw, native_fwd_dx = shape.native == "dw", shape.native == "fwd-dx"
         # the width is part of the configuration only where a native forward reads it (see `_ConvFn`)
         width = conv.out_channels if native_fwd_dx else 1
         if conv.group != 1:
@@ -717,7 +764,7 @@ class GemmConv2d(nn.Cell):
         else:
             self.fn = None if self.pointwise or self.tap is not None else _conv_fn(
                 conv.kernel_size, conv.stride, conv.dilation, pads, tuple(input_hw), self.one_gemm,
-                "+phases" in form, native_dw, 1, native_fwd_dx, width, bool(input_grad))
+                shape.phases, native_dw, 1, native_fwd_dx, width, bool(input_grad))
 
     def construct(self, x):
         if x.shape[2:] != self.input_hw:  # a Python constant in a graph: no branch is compiled
@@ -759,6 +806,6 @@ def supported(conv) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["ALL_FORMS", "FORMS", "NATIVE_DW", "NATIVE_FWD_DX", "GemmConv2d", "conv_pads", "dw_forms", "forms_for",
+__all__ = ["ALL_FORMS", "FORMS", "Form", "NATIVE_DW", "NATIVE_FWD_DX", "GemmConv2d", "conv_pads", "dw_forms", "forms_for",
            "fx_forms", "layer_forms",
            "matmul_only", "out_shape", "pointwise", "same_pads", "single_tap", "supported"]

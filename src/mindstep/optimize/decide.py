@@ -9,6 +9,8 @@ layers are left native without measuring.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import os
@@ -23,7 +25,7 @@ from mindspore import nn
 
 from .._context import graph_mode
 from . import fusion
-from .conv import NATIVE_DW, GemmConv2d, conv_pads, dw_forms, forms_for, out_shape, single_tap
+from .conv import Form, GemmConv2d, conv_pads, dw_forms, forms_for, out_shape, single_tap
 from .memory import extra_mb
 
 NATIVE_FAST_DEVICES = ("GPU", "Ascend")
@@ -338,7 +340,8 @@ def confirm(native: _Timed, form: _Timed, pairs: int = CONFIRM_PAIRS) -> tuple[f
 BATCHED_MIN_POSITIONS = 5
 
 
-# The "+phases" forms differ only in the input gradient: layers without one skip them, strided 1x1 convs time only them.
+# The "+phases" forms differ only in the input gradient: layers without one skip them, strided 1x1
+# convs time only them.
 # Measurements: docs/design/composed-pass.md#phases
 
 
@@ -347,14 +350,15 @@ def plausible_forms(conv: nn.Conv2d, shape: tuple, input_grad: bool = True) -> t
     input gradient no "+phases" form, on a strided 1x1 layer only those; less the batched forms on
     maps of fewer than `BATCHED_MIN_POSITIONS` output positions where a one-GEMM form exists)."""
     forms = forms_for(conv)
-    if any(f.endswith("+phases") for f in forms):
+    parsed = {f: Form.parse(f) for f in forms}
+    if any(form.phases for form in parsed.values()):
         if not input_grad:
-            forms = tuple(f for f in forms if not f.endswith("+phases"))
+            forms = tuple(f for f in forms if not parsed[f].phases)
         elif tuple(conv.kernel_size) == (1, 1):
-            forms = tuple(f for f in forms if f.endswith("+phases"))
+            forms = tuple(f for f in forms if parsed[f].phases)
     _, _, ho, wo = out_shape(conv, shape)
-    if ho * wo < BATCHED_MIN_POSITIONS and any(f.startswith("one-gemm") for f in forms):
-        return tuple(f for f in forms if not f.startswith("batched"))
+    if ho * wo < BATCHED_MIN_POSITIONS and any(parsed[f].one_gemm for f in forms):
+        return tuple(f for f in forms if parsed[f].one_gemm)
     return forms
 
 
@@ -429,29 +433,10 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
         times = {"native": times.pop("native"), **times}
     choice = choose(times, memory, native_margin)
     if refine is not None and len(times) > 1:
-        base = choice if choice != "native" else min((f for f in times if f != "native"), key=times.get)
-        if times[base] < CLEAR_RATIO * times["native"]:
-            variants = refine(base)
-            run(variants)
-            for form in variants:
-                if form not in times:
-                    continue
-                if times[form] * REFINE_MARGIN < times[base]:
-                    memory = {**memory, form: memory[base]}
-                    choice = choose({**{f: t for f, t in times.items() if f not in (base, *variants)},
-                                     form: times[form]}, memory, native_margin)
-                else:
-                    notes += f"; {form} not {REFINE_MARGIN:g}x faster than {base}"
-    kept_native = False  # by the alternate timing below, which says so in the reason itself
-    if choice != "native" and times[choice] * CONFIRM_RATIO > times["native"]:
-        native_ms, form_ms = confirm(timed_native, probes[choice])
-        if form_ms * native_margin < native_ms:
-            notes += f"; {choice} confirmed, timed alternately with native: {form_ms:.1f} vs {native_ms:.1f} ms"
-            times.update({"native": native_ms, choice: form_ms})  # the figures the choice rests on
-        else:
-            notes += (f"; native kept: {choice} not {native_margin:g}x faster when timed alternately with native "
-                      f"({form_ms:.1f} vs {native_ms:.1f} ms)")
-            choice, kept_native = "native", True
+        choice, memory, refined = _refined(choice, times, memory, native_margin, refine, run)
+        notes += refined
+    choice, kept_native, confirmed = _confirmed(choice, times, timed_native, probes, native_margin)
+    notes += confirmed
     shown = ", ".join(f"{k} {v:.1f} ms" + (f"/{memory[k]:.0f} MB" if k in memory else "") for k, v in times.items())
     shown += "".join(f"; {f} left out: differs from native by {e:.1e} (relative)" for f, e in rejected.items())
     shown += notes
@@ -463,6 +448,42 @@ def compare(native: nn.Cell, composed: dict, x, r, input_grad: bool, memory: dic
             "times": {k: round(v, 3) for k, v in times.items()},
             "extra_mb": round(memory[choice], 1),
             "reason": f"measured fwd+bwd{'' if input_grad else _NO_DX}{_chained(calls)}: {shown}"}
+
+
+def _refined(choice: str, times: dict, memory: dict, native_margin: float, refine, run) -> tuple:
+    """`compare`'s per-direction step: the chosen form's variants (or the fastest composed form's,
+    when native was chosen within `CLEAR_RATIO`), timed by `run` into `times`; a variant
+    `REFINE_MARGIN` faster than its form takes its place. `(choice, memory, notes)`."""
+    notes = ""
+    base = choice if choice != "native" else min((f for f in times if f != "native"), key=times.get)
+    if times[base] >= CLEAR_RATIO * times["native"]:
+        return choice, memory, notes
+    variants = refine(base)
+    run(variants)
+    for form in variants:
+        if form not in times:
+            continue
+        if times[form] * REFINE_MARGIN < times[base]:
+            memory = {**memory, form: memory[base]}
+            choice = choose({**{f: t for f, t in times.items() if f not in (base, *variants)},
+                             form: times[form]}, memory, native_margin)
+        else:
+            notes += f"; {form} not {REFINE_MARGIN:g}x faster than {base}"
+    return choice, memory, notes
+
+
+def _confirmed(choice: str, times: dict, timed_native, probes: dict, native_margin: float) -> tuple:
+    """`compare`'s confirmation: a composed choice whose lead over native is under `CONFIRM_RATIO`
+    is timed again alternating with native (`confirm`) and kept only if it still wins; `times` takes
+    the alternate figures. `(choice, kept_native, notes)`: `kept_native` when this step chose native."""
+    if choice == "native" or times[choice] * CONFIRM_RATIO <= times["native"]:
+        return choice, False, ""
+    native_ms, form_ms = confirm(timed_native, probes[choice])
+    if form_ms * native_margin < native_ms:
+        times.update({"native": native_ms, choice: form_ms})  # the figures the choice rests on
+        return choice, False, f"; {choice} confirmed, timed alternately with native: {form_ms:.1f} vs {native_ms:.1f} ms"
+    return "native", True, (f"; native kept: {choice} not {native_margin:g}x faster when timed alternately with "
+                            f"native ({form_ms:.1f} vs {native_ms:.1f} ms)")
 
 
 def _chained(calls: int) -> str:
@@ -488,7 +509,7 @@ def measure(conv: nn.Conv2d, shape: tuple, dtype, input_grad: bool = True) -> di
     def per_direction(form: str) -> dict:
         """The form with MindSpore's own weight-gradient kernel instead of its GEMM (one more probe,
         not one per form: the forms differ in their forward and input gradient)."""
-        variant = form + NATIVE_DW
+        variant = str(dataclasses.replace(Form.parse(form), native="dw"))
         return {variant: GemmConv2d(conv, hw, variant, input_grad)} if variant in dw_forms(conv, hw) else {}
 
     return compare(conv, composed, x, r, input_grad, memory, native_margin=CONV_MARGIN, refine=per_direction,

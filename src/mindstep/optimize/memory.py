@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mindspore import nn
 
-from .conv import NATIVE_DW, NATIVE_FWD_DX, GemmConv2d, matmul_only, pointwise
+from .conv import Form, GemmConv2d, matmul_only, pointwise
 
 
 def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: bool = True) -> float:
@@ -35,14 +35,16 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
     # A form with MindSpore's own weight-gradient kernel (NATIVE_DW) is counted as its base form: it
     # keeps no recomputed columns, but the kernel's own workspace is not known from the shapes, and
     # whole steps measured both ways differed little (docs/design/measurements.md).
-    form = form.replace(NATIVE_DW, "")
-    if form.endswith(NATIVE_FWD_DX):
+    parsed = Form.parse(form)
+    if parsed.native == "fwd-dx":
         return _weight_gradient_mb(conv, shape, form)
+    parsed = parsed.base
+    form = str(parsed)
     if conv.group != 1:
         return _grouped_extra_mb(conv, shape, input_grad)
     if pointwise(conv, (h, w)):
         k, l = conv.out_channels, h * w
-        if not form.startswith("one-gemm"):
+        if not parsed.one_gemm:
             return 4.0 * 2 * n * k * c / 2**20  # the kernel broadcast over the batch, per-sample dW products
         # x and dY folded, y and dX unfolded
         return 0.0 if l == 1 else 4.0 * n * l * (c + 2 * k + (c if input_grad else 0)) / 2**20
@@ -51,7 +53,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
     fn = GemmConv2d(conv, (h, w), form, input_grad).fn
     k, kk = conv.out_channels, fn.kh * fn.kw
     l, ldx = fn.ho * fn.wo, fn.dxh * fn.dxw
-    one = form.startswith("one-gemm")
+    one = parsed.one_gemm
     # forward: the columns (one-gemm: and their batch-folded copy, and the unfolded output; batched:
     # the kernel broadcast over the batch)
     total = n * c * kk * l + (c * kk * n * l + 2 * n * k * l if one else n * k * c * kk + n * k * l)
@@ -114,7 +116,7 @@ def _weight_gradient_mb(conv: nn.Conv2d, shape: tuple, form: str) -> float:
     n, c, h, w = shape
     fn = GemmConv2d(conv, (h, w), form).fn
     k, cg, kk, l = conv.out_channels, c // conv.group, fn.kh * fn.kw, fn.ho * fn.wo
-    total = _dw_elements(n, c, k, cg, kk, l, form.startswith("one-gemm"))
+    total = _dw_elements(n, c, k, cg, kk, l, Form.parse(form).one_gemm)
     if fn.pre_needed:
         total += n * c * fn.xp_hw[0] * fn.xp_hw[1]            # explicitly padded x, backward only
     return 4.0 * total / 2**20
@@ -160,7 +162,7 @@ def config_mb(conv: nn.Conv2d, form: str, input_hw) -> float:
     CONFIG_MB); layers that become a plain matmul compile no `_ConvFn`."""
     if form == "native" or matmul_only(conv, input_hw):
         return 0.0
-    phases = conv.stride[0] * conv.stride[1] if "+phases" in form else 0
+    phases = conv.stride[0] * conv.stride[1] if Form.parse(form).phases else 0
     return CONFIG_MB + PHASE_MB * phases
 
 

@@ -13,7 +13,7 @@ from .._probe import probe_forward
 from .._errors import bad_type, bad_value, check_bool, check_float
 from . import decide, memory
 from . import cross_entropy, fusion, gelu, layernorm
-from .conv import ALL_FORMS, NATIVE_DW, GemmConv2d, conv_pads, layer_forms, supported
+from .conv import ALL_FORMS, Form, GemmConv2d, conv_pads, layer_forms, supported
 
 # The layer kinds besides `nn.Conv2d` (which has its own forms, sharing and compile-memory rules): each
 # a module with `matches(cell)`, `supported(cell, shape, dtype)`, `config`, `FORMS`, `FORMULATION`,
@@ -271,7 +271,8 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             if form != "native" and form not in forms:
-                nearest = (form.replace("+phases", ""), form.replace(NATIVE_DW, ""), form.split("+")[0])
+                conv = Form.parse(form) if form in ALL_FORMS else None
+                nearest = () if conv is None else (str(Form(conv.gemm, native=conv.native)), str(conv.base), conv.gemm)
                 form = next((f for f in nearest if f in forms), forms[0])
             return form, pattern
     return None
@@ -317,41 +318,9 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                 continue
             if not isinstance(cell, nn.Conv2d):
                 continue
-            row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
-                   f"{cell.kernel_size[1]} s{cell.stride[0]}" + (f" g{cell.group}" if cell.group != 1 else ""),
-                   "input": list(shape)}
-            if not _settled(row, supported(cell), layer_forms(cell, shape[2:]), force, device, "convolutions",
-                            lambda form: memory.extra_mb(cell, shape, form, input_grad)):
-                k = decide.key(fusion.key_device(device), cell, shape, dtype, input_grad)
-                cached = k in cache
-                source = decide.neighbour(cache, k) if share and not cached else None
-                elder = decide.ancestor(cache, k) if share and not cached and source is None else None
-                if source is not None:
-                    found = decide.shared(cache[source], source, k)
-                elif elder is not None:
-                    form = decide.inherited_form(cell, shape, input_grad)
-                    found = decide.inherited(cache[elder], elder, k, form)
-                else:
-                    if not cached and measure:
-                        cache[k] = decide.measure(cell, shape, dtype, input_grad)
-                        dirty = True
-                    found = cache.get(k)
-                if found is None:
-                    row.update(choice="native", reason="not measured (measure=False) and not in the cache")
-                else:
-                    row.update({**found, "cached": cached})
-                    # timings are measured (cached), memory is computed from the shapes; the first layer
-                    # of each composed configuration (shared `_ConvFn`) also carries its compile memory
-                    times = found.get("times", {})
-                    fn_key = (cell.kernel_size, cell.stride, cell.dilation, conv_pads(cell, shape[2], shape[3]),
-                              tuple(shape[2:]), input_grad)
-                    first = fn_key not in configs
-                    configs.add(fn_key)
-                    row["options"] = {form: (ms_, 0.0 if form == "native" else round(
-                        memory.extra_mb(cell, shape, form, input_grad)
-                        + (memory.config_mb(cell, form, shape[2:]) if first else 0.0), 1))
-                        for form, ms_ in times.items()}
-                    row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
+            row, measured_now = _conv_row(name, cell, shape, dtype, input_grad, device, cache, force, measure,
+                                          share, configs)
+            dirty = dirty or measured_now
             table.append(row)
             todo.append((net, name, cell, shape, row))
     if dirty:
@@ -366,6 +335,50 @@ def rewrite(nets, shapes: dict, *, device: str | None = None, cache_dir: str | N
                    else GemmConv2d(cell, (shape[2], shape[3]), row["choice"], shapes[id(cell)][2]))
             replace_cell(net, name, new)
     return table
+
+
+def _conv_row(name: str, cell, shape, dtype, input_grad: bool, device: str, cache: dict, force, measure: bool,
+              share: bool, configs: set) -> tuple[dict, bool]:
+    """A Conv2d's decision-table row (forced, refused, shared, inherited, cached or measured now) and
+    whether it was measured now; `configs` holds the composed configurations seen so far (the first
+    layer of each carries its compile memory)."""
+    measured = False
+    row = {"layer": name, "config": f"{cell.in_channels}->{cell.out_channels} k{cell.kernel_size[0]}x"
+           f"{cell.kernel_size[1]} s{cell.stride[0]}" + (f" g{cell.group}" if cell.group != 1 else ""),
+           "input": list(shape)}
+    if not _settled(row, supported(cell), layer_forms(cell, shape[2:]), force, device, "convolutions",
+                    lambda form: memory.extra_mb(cell, shape, form, input_grad)):
+        k = decide.key(fusion.key_device(device), cell, shape, dtype, input_grad)
+        cached = k in cache
+        source = decide.neighbour(cache, k) if share and not cached else None
+        elder = decide.ancestor(cache, k) if share and not cached and source is None else None
+        if source is not None:
+            found = decide.shared(cache[source], source, k)
+        elif elder is not None:
+            form = decide.inherited_form(cell, shape, input_grad)
+            found = decide.inherited(cache[elder], elder, k, form)
+        else:
+            if not cached and measure:
+                cache[k] = decide.measure(cell, shape, dtype, input_grad)
+                measured = True
+            found = cache.get(k)
+        if found is None:
+            row.update(choice="native", reason="not measured (measure=False) and not in the cache")
+        else:
+            row.update({**found, "cached": cached})
+            # timings are measured (cached), memory is computed from the shapes; the first layer
+            # of each composed configuration (shared `_ConvFn`) also carries its compile memory
+            times = found.get("times", {})
+            fn_key = (cell.kernel_size, cell.stride, cell.dilation, conv_pads(cell, shape[2], shape[3]),
+                      tuple(shape[2:]), input_grad)
+            first = fn_key not in configs
+            configs.add(fn_key)
+            row["options"] = {form: (ms_, 0.0 if form == "native" else round(
+                memory.extra_mb(cell, shape, form, input_grad)
+                + (memory.config_mb(cell, form, shape[2:]) if first else 0.0), 1))
+                for form, ms_ in times.items()}
+            row["extra_mb"] = row["options"].get(row["choice"], (0.0, 0.0))[1]
+    return row, measured
 
 
 def _settled(row: dict, support: tuple, forms: tuple, force, device: str, what: str, extra_mb) -> bool:
