@@ -20,7 +20,7 @@ bench: $(STAMP)
 
 # two workers; tests sharing a module fixture carry one xdist_group, so it runs once
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=15
 
 # Only the quick tests, for the edit-run loop.
 test-quick: $(STAMP)

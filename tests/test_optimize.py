@@ -1194,3 +1194,33 @@ def test_conv_forms_are_values_that_cannot_name_an_impossible_combination():
         Form.parse("one-gemm+phases+native-fwd-dx")
     with pytest.raises(ValueError, match="no such conv form"):
         Form("two-gemm")
+
+
+def test_the_conv_geometry_is_a_value_equal_to_what_the_composed_layer_fixes():
+    """`memory` reads a form's shapes off `conv.geometry(conv, hw, form)` without building a Cell: the
+    geometry the composed layer is built with for that form (its phases, groups, native directions and
+    input gradient) and the taps of its phase cells, over a grid of kernels, strides, dilations, pads
+    and groups."""
+    import dataclasses
+
+    from mindspore import nn as _nn
+    from mindstep.optimize.conv import GemmConv2d, geometry, layer_forms
+
+    checked = 0
+    for kernel, stride, dilation, pad, group, hw in [(3, 1, 1, 1, 1, (8, 8)), (3, 2, 1, 1, 1, (9, 7)),
+                                                     (7, 2, 1, 3, 1, (16, 16)), (1, 2, 1, 0, 1, (8, 8)),
+                                                     (3, 1, 2, 2, 1, (8, 8)), (3, 1, 1, 4, 1, (4, 4)),
+                                                     (3, 2, 1, 1, 4, (8, 8)), (5, 3, 1, 0, 1, (11, 10))]:
+        conv = _nn.Conv2d(4, 8, kernel, stride=stride, dilation=dilation, pad_mode="pad", padding=pad, group=group)
+        for form in layer_forms(conv, hw):
+            for input_grad in (True, False):
+                fn = GemmConv2d(conv, hw, form, input_grad).fn
+                if fn is None:  # a plain matmul: no geometry to read
+                    continue
+                geo = geometry(conv, hw, form, input_grad)
+                for field in dataclasses.fields(geo):
+                    want = getattr(fn, field.name) if field.name != "phase_taps" else \
+                        tuple(tuple(p.taps) for p in fn.phases) if fn.by_phase else ()
+                    assert getattr(geo, field.name) == want, (kernel, stride, form, input_grad, field.name)
+                checked += 1
+    assert checked > 40

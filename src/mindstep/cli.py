@@ -169,7 +169,8 @@ def _cmd_bench_dp(args) -> int:
 def _cmd_bench_stages(args) -> int:
     """`bench --recipe NAME --stages`: the tutorial's case-study table for a recipe."""
     from . import _cpu
-    from .train import config, recipes, stages
+    from .bench import stages
+    from .train import config, recipes
 
     if args.recipe not in recipes.NAMES:
         print(f"mindstep bench: --recipe must be one of {', '.join(recipes.NAMES)}, got {args.recipe!r}", file=sys.stderr)

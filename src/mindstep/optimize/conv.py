@@ -22,6 +22,7 @@ the group's (K/G, C/G*k*k) kernel times its columns).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -371,6 +372,79 @@ def _phase_cells(kernel, stride, ho_wo, padded_hw, one_gemm):
     return cells, (mh, mw)
 
 
+@dataclass(frozen=True)
+class ConvGeometry:
+    """The shapes a composed conv works with, from its configuration alone (no Cell is built):
+    what `_ConvFn` fixes on the host, and what `memory.extra_mb` reads to bound a form's memory.
+
+    The input gradient is the correlation of dY dilated by the stride (zh x zw), padded so that it
+    yields exactly the h x w input positions (pads d*(k-1) - t before, h + t - zh after); padding it to
+    the "full" correlation over the padded input and cropping afterwards needs (hp*wp)/(h*w) times more
+    columns (1.6x at 8x8, 9x at 1x1 for 3x3/pad-1 layers), so the full form (`cropped`) is kept for the
+    rare layers whose padding exceeds the kernel extent."""
+
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    ho: int
+    wo: int
+    pre: tuple           # pads applied explicitly before unfolding x
+    unfold_pad: tuple    # pads the unfold applies itself
+    xp_hw: tuple         # x after `pre`
+    pre_needed: bool
+    zh: int              # dY dilated by the stride
+    zw: int
+    cropped: bool
+    dxh: int             # the input gradient's positions before any crop
+    dxw: int
+    z_pre: tuple
+    z_unfold_pad: tuple
+    zp_hw: tuple         # dilated dY after `z_pre`
+    z_pre_needed: bool
+    strided: bool
+    by_phase: bool       # the input gradient by stride phases ("+phases")
+    mh: int              # each phase's output size (by_phase)
+    mw: int
+    phase_taps: tuple    # each phase's kernel taps (th, tw), row-major; (0, 0) for a phase with none
+    dw_from_dy: bool     # the weight gradient from the input gradient's columns of dY
+
+    @classmethod
+    def of(cls, kernel, stride, dilation, pads, input_hw, by_phase: bool = False, input_grad: bool = True,
+           native_dw: bool = False, native_fwd_dx: bool = False) -> "ConvGeometry":
+        (kh, kw), (sh, sw), (dh, dw), (t, b, l, r), (h, w) = kernel, stride, dilation, pads, input_hw
+        hp, wp = h + t + b, w + l + r
+        ho, wo = _out_len(hp, kh, sh, dh), _out_len(wp, kw, sw, dw)
+        pre, unfold_pad = _split_pads(pads)
+        zh, zw = (ho - 1) * sh + 1, (wo - 1) * sw + 1
+        eh, ew = dh * (kh - 1), dw * (kw - 1)
+        exact = (eh - t, h + t - zh, ew - l, w + l - zw)
+        cropped = min(exact) < 0
+        z_pads, (dxh, dxw) = ((eh, hp - zh, ew, wp - zw), (hp, wp)) if cropped else (exact, (h, w))
+        z_pre, z_unfold_pad = _split_pads(z_pads)
+        mh, mw, taps = 0, 0, ()
+        if by_phase:
+            mh, mw = -(-hp // sh), -(-wp // sw)
+            taps = tuple((th, tw) if th and tw else (0, 0) for th, tw in
+                         ((len(range(ph, kh, sh)), len(range(pw, kw, sw))) for ph in range(sh) for pw in range(sw)))
+        return cls(kh=kh, kw=kw, sh=sh, sw=sw, dh=dh, dw=dw, ho=ho, wo=wo, pre=pre, unfold_pad=unfold_pad,
+                   xp_hw=(h + pre[0] + pre[1], w + pre[2] + pre[3]), pre_needed=pre != (0, 0, 0, 0), zh=zh, zw=zw,
+                   cropped=cropped, dxh=dxh, dxw=dxw, z_pre=z_pre, z_unfold_pad=z_unfold_pad,
+                   zp_hw=(zh + z_pre[0] + z_pre[1], zw + z_pre[2] + z_pre[3]), z_pre_needed=z_pre != (0, 0, 0, 0),
+                   strided=sh > 1 or sw > 1, by_phase=by_phase, mh=mh, mw=mw, phase_taps=taps,
+                   dw_from_dy=bool(input_grad) and not (by_phase or cropped or native_dw or native_fwd_dx))
+
+
+def geometry(conv: nn.Conv2d, input_hw, form: str, input_grad: bool = True) -> ConvGeometry:
+    """The geometry of `conv` composed in `form` at this input size (a grouped layer has no phases)."""
+    parsed = Form.parse(form)
+    return ConvGeometry.of(conv.kernel_size, conv.stride, conv.dilation, conv_pads(conv, *input_hw), tuple(input_hw),
+                           parsed.phases and conv.group == 1, input_grad, parsed.native == "dw",
+                           parsed.native == "fwd-dx")
+
+
 class _ConvFn(nn.Cell):
     """y = conv(x, w) with a hand-written backward; parameter-free so gradients flow to w as an input.
 
@@ -381,36 +455,16 @@ class _ConvFn(nn.Cell):
                  native_dw: bool = False, group: int = 1, native_fwd_dx: bool = False, out_channel: int = 1,
                  input_grad: bool = True):
         super().__init__()
-        self.kh, self.kw = kernel
-        self.sh, self.sw = stride
-        self.dh, self.dw = dilation
+        geometry = ConvGeometry.of(kernel, stride, dilation, pads, input_hw, by_phase, input_grad, native_dw,
+                                   native_fwd_dx)
+        for field in dataclasses.fields(geometry):  # every shape this layer works with, fixed on the host
+            setattr(self, field.name, getattr(geometry, field.name))
         self.one_gemm = one_gemm
-        t, b, l, r = pads
+        t, _, l, _ = pads
         h, w = input_hw
-        hp, wp = h + t + b, w + l + r
-        self.ho, self.wo = _out_len(hp, self.kh, self.sh, self.dh), _out_len(wp, self.kw, self.sw, self.dw)
-        pre, self.unfold_pad = _split_pads(pads)
-        self.xp_hw = (h + pre[0] + pre[1], w + pre[2] + pre[3])  # after explicit padding
-        self.pre_needed = pre != (0, 0, 0, 0)
-        self.pre_pad = _pad_op(pre)
-        # input gradient: dY dilated by the stride (zh x zw), padded so that the correlation yields
-        # exactly the h x w input positions (pads d*(k-1) - t before, h + t - zh after). Padding it to
-        # the "full" correlation over the padded input and cropping afterwards needs (hp*wp)/(h*w)
-        # times more columns: 1.6x at 8x8, 2.3x at 4x4, 4x at 2x2, 9x at 1x1 for 3x3/pad 1 layers.
-        # The full form is kept for the rare layers whose padding exceeds the kernel extent.
-        self.zh, self.zw = (self.ho - 1) * self.sh + 1, (self.wo - 1) * self.sw + 1
-        eh, ew = self.dh * (self.kh - 1), self.dw * (self.kw - 1)
-        exact = (eh - t, h + t - self.zh, ew - l, w + l - self.zw)
-        self.cropped = min(exact) < 0
-        if self.cropped:
-            z_pads, (self.dxh, self.dxw) = (eh, hp - self.zh, ew, wp - self.zw), (hp, wp)
-        else:
-            z_pads, (self.dxh, self.dxw) = exact, (h, w)
-        z_pre, self.z_unfold_pad = _split_pads(z_pads)
-        self.zp_hw = (self.zh + z_pre[0] + z_pre[1], self.zw + z_pre[2] + z_pre[3])  # after explicit padding
-        self.z_pre_needed = z_pre != (0, 0, 0, 0)
-        self.z_pad = _pad_op(z_pre)
-        self.strided = self.sh > 1 or self.sw > 1
+        hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
+        self.pre_pad = _pad_op(geometry.pre)
+        self.z_pad = _pad_op(geometry.z_pre)
         # zero insertion between dY's rows/columns: (n, k, ho, 1, wo, 1) padded to (.., sh, .., sw)
         self.dilate = ops.Pad(((0, 0), (0, 0), (0, 0), (0, self.sh - 1), (0, 0), (0, self.sw - 1)))
         self.im2col = Im2Col(ksizes=(self.kh, self.kw), strides=(self.sh, self.sw), dilations=(self.dh, self.dw),
@@ -422,9 +476,8 @@ class _ConvFn(nn.Cell):
         self.z_sliced = (self.zh, self.zw) != (self.ho * self.sh, self.wo * self.sw)
         # strided, undilated (the "+phases" forms): the input gradient by stride phases (no zero
         # insertion, s*s fewer columns; more, smaller GEMMs, so it is measured against the other form)
-        self.by_phase = by_phase
         if self.by_phase:
-            cells, (self.mh, self.mw) = _phase_cells(kernel, stride, (self.ho, self.wo), (hp, wp), one_gemm)
+            cells, _ = _phase_cells(kernel, stride, (self.ho, self.wo), (hp, wp), one_gemm)
             self.phases = nn.CellList(cells)
             self.phase_cropped = self.crop != (0, 0, self.mh * self.sh, self.mw * self.sw)
             self.stack_w = ops.Stack(axis=-1)
@@ -448,7 +501,7 @@ class _ConvFn(nn.Cell):
         # unfolded anyway: the input gradient is taken (`input_grad`; a layer whose input is the batch
         # would unfold dY for its weight gradient alone, K/C times x's columns: 21x for a 3->64 stem),
         # by this form's GEMMs over the input positions themselves (not by phases, not cropped)
-        self.dw_from_dy = input_grad and not (by_phase or self.cropped or native_dw or native_fwd_dx)
+        # (`dw_from_dy`: set from the geometry above)
 
     def _pre(self, x):
         if self.pre_needed:
@@ -806,6 +859,6 @@ def supported(conv) -> tuple[bool, str]:
     return True, ""
 
 
-__all__ = ["ALL_FORMS", "FORMS", "Form", "NATIVE_DW", "NATIVE_FWD_DX", "GemmConv2d", "conv_pads", "dw_forms", "forms_for",
-           "fx_forms", "layer_forms",
+__all__ = ["ALL_FORMS", "ConvGeometry", "FORMS", "Form", "NATIVE_DW", "NATIVE_FWD_DX", "GemmConv2d", "conv_pads", "dw_forms", "forms_for",
+           "fx_forms", "geometry", "layer_forms",
            "matmul_only", "out_shape", "pointwise", "same_pads", "single_tap", "supported"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mindspore import nn
 
-from .conv import Form, GemmConv2d, matmul_only, pointwise
+from .conv import Form, geometry, matmul_only, pointwise
 
 
 def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: bool = True) -> float:
@@ -50,7 +50,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
         return 0.0 if l == 1 else 4.0 * n * l * (c + 2 * k + (c if input_grad else 0)) / 2**20
     if matmul_only(conv, (h, w)):
         return 0.0
-    fn = GemmConv2d(conv, (h, w), form, input_grad).fn
+    fn = geometry(conv, (h, w), form, input_grad)
     k, kk = conv.out_channels, fn.kh * fn.kw
     l, ldx = fn.ho * fn.wo, fn.dxh * fn.dxw
     one = parsed.one_gemm
@@ -62,8 +62,7 @@ def extra_mb(conv: nn.Conv2d, shape: tuple, form: str = "batched", input_grad: b
         return 4.0 * total / 2**20
     if fn.by_phase:  # dX by stride phases: per phase a padded dY, its columns and a GEMM; then interleave
         m = fn.mh * fn.mw
-        for phase in fn.phases:
-            th, tw = phase.taps
+        for th, tw in fn.phase_taps:
             taps = th * tw
             if taps == 0:
                 total += n * c * m
@@ -114,7 +113,7 @@ def _weight_gradient_mb(conv: nn.Conv2d, shape: tuple, form: str) -> float:
     its operands (one-gemm: both batch-folded; batched: the per-sample products; grouped: per sample
     and group) and the gradient itself."""
     n, c, h, w = shape
-    fn = GemmConv2d(conv, (h, w), form).fn
+    fn = geometry(conv, (h, w), form)
     k, cg, kk, l = conv.out_channels, c // conv.group, fn.kh * fn.kw, fn.ho * fn.wo
     total = _dw_elements(n, c, k, cg, kk, l, Form.parse(form).one_gemm)
     if fn.pre_needed:
@@ -127,7 +126,7 @@ def _grouped_extra_mb(conv: nn.Conv2d, shape: tuple, input_grad: bool) -> float:
     upper bound (K output channels, C input channels, C/G per group; without the input gradient's
     where `input_grad` is False)."""
     n, c, h, w = shape
-    fn = GemmConv2d(conv, (h, w), "batched", input_grad).fn
+    fn = geometry(conv, (h, w), "batched", input_grad)
     k, cg = conv.out_channels, c // conv.group
     kk, l, ldx = fn.kh * fn.kw, fn.ho * fn.wo, fn.dxh * fn.dxw  # the input gradient uses all kk taps
     total = n * c * kk * l + n * k * cg * kk + n * k * l     # forward: columns, broadcast kernel, output

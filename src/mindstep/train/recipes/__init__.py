@@ -33,7 +33,7 @@ def build(cfg, workdir=None):
     except ValueError as err:
         raise ConfigError(str(err)) from None
 
-# the staged report (mindstep.train.stages): the quality target each stage is timed to, and the
+# the staged report (mindstep.bench.stages): the quality target each stage is timed to, and the
 # Cells the recomputation stage recomputes
 TARGETS = {"resnet": ("accuracy", 0.9), "bert": ("mlm_accuracy", 0.12), "esrgan": ("psnr_gain", 0.0)}
 RECOMPUTE = {"resnet": ["blocks.?"], "bert": ["layers.?"], "esrgan": ["net.trunk.?"]}

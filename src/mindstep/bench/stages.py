@@ -9,7 +9,7 @@ and the training seconds to reach the recipe's quality target (evaluation time e
 ratios to the baseline. A stage that is slower here is printed as slower, with the reason where one
 is known (fp16 on CPU); a stage that fails is printed with its error; none is hidden or dropped.
 
-    python -m mindstep.train.stages --recipe resnet --stage 2 --steps 60 --json row.json   # one stage
+    python -m mindstep.bench.stages --recipe resnet --stage 2 --steps 60 --json row.json   # one stage
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ STAGES = (
     ("composed", "+ composed operators"),
     ("recompute", "+ recomputation"),
 )
-# why a stage is expected to be slower on a device, printed beside it when it is
 # a recipe's published figures, printed under its table for reference (another device, another model size)
 REFERENCE = {"esrgan": "the tutorial's own ESRGAN case study (Ascend NPU, full-size ESRGAN; its section 8): baseline "
                        "PyNative 1.2 it/s, 10.4 GB, 48 h to converge -> after jit, mixed precision, accumulation and "
                        "operator fusion 1.8 it/s (1.50x), 7.1 GB (0.68x), 32 h (0.67x)"}
+# why a stage is expected to be slower on a device, printed beside it when it is
 SLOWER = {("amp", "CPU"): "fp16 kernels are slower than fp32 on CPU (MindSpore 2.10)",
           ("recompute", "CPU"): "recomputation trades time for memory: the forward runs twice"}
 
@@ -53,7 +53,7 @@ def overrides(stage: int, cfg) -> list:
 
 
 def cfg_recompute(cfg) -> list:
-    from . import recipes
+    from ..train import recipes
 
     return recipes.RECOMPUTE[cfg.recipe]
 
@@ -62,8 +62,8 @@ def run_stage(recipe_name: str, stage: int, steps: int, eval_every: int, workdir
     """Train one stage for `steps` batches in this process; the row of the table."""
     import mindspore as ms
 
-    from . import config, recipes
-    from .loop import Batches, build_step
+    from ..train import config, recipes
+    from ..train.loop import Batches, build_step
 
     base = config.resolve(recipes.defaults(recipe_name), None, user_overrides)
     cfg = config.resolve(recipes.defaults(recipe_name), None, list(user_overrides) + overrides(stage, base)
@@ -124,7 +124,7 @@ def run_all(recipe_name: str, steps: int, eval_every: int, out_dir: str, user_ov
         if on_progress:
             on_progress(STAGES[i][1], i, len(STAGES))
         path = os.path.join(out_dir, f"stage{i}.json")
-        subprocess.run([sys.executable, "-m", "mindstep.train.stages", "--recipe", recipe_name, "--stage", str(i),
+        subprocess.run([sys.executable, "-m", "mindstep.bench.stages", "--recipe", recipe_name, "--stage", str(i),
                         "--steps", str(steps), "--eval-every", str(eval_every), "--workdir", out_dir,
                         "--json", path, *user_overrides], stdout=subprocess.DEVNULL)
         try:
