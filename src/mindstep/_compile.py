@@ -101,18 +101,23 @@ def signature(tensors) -> tuple:
     return tuple((tuple(t.shape), str(t.dtype)) for t in tensors)
 
 
-def describe_change(old: tuple, new: tuple) -> str:
+def _changes(old: tuple, new: tuple) -> list:
+    """`(kind, what)` for each difference between two input signatures; kinds: count, rank, shape, dtype."""
     if len(old) != len(new):
-        return f"the number of batch elements changed from {len(old)} to {len(new)}"
-    parts = []
+        return [("count", f"the number of batch elements changed from {len(old)} to {len(new)}")]
+    out = []
     for i, ((os_, od), (ns, nd)) in enumerate(zip(old, new)):
         if len(os_) != len(ns):
-            parts.append(f"batch[{i}] rank {len(ns)} (was {len(os_)}: shape {ns}, was {os_})")
+            out.append(("rank", f"batch[{i}] rank {len(ns)} (was {len(os_)}: shape {ns}, was {os_})"))
         elif os_ != ns:
-            parts.append(f"batch[{i}] shape {ns} (was {os_})")
+            out.append(("shape", f"batch[{i}] shape {ns} (was {os_})"))
         if od != nd:
-            parts.append(f"batch[{i}] dtype {nd} (was {od})")
-    return ", ".join(parts) or "no visible change in shapes or dtypes"
+            out.append(("dtype", f"batch[{i}] dtype {nd} (was {od})"))
+    return out
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    return ", ".join(what for _, what in _changes(old, new)) or "no visible change in shapes or dtypes"
 
 
 # what to do about a recompile, by what changed in the batch
@@ -129,17 +134,8 @@ _ADVICE = {
 
 def change_advice(old: tuple, new: tuple) -> str:
     """What to do about a recompile from input signature `old` to `new`, for each kind of change."""
-    if len(old) != len(new):
-        return _ADVICE["count"]
-    kinds = []
-    for (os_, od), (ns, nd) in zip(old, new):
-        if len(os_) != len(ns):
-            kinds.append("rank")
-        elif os_ != ns:
-            kinds.append("shape")
-        if od != nd:
-            kinds.append("dtype")
-    return " ".join(_ADVICE[k] for k in ("rank", "dtype", "shape") if k in kinds)
+    kinds = {kind for kind, _ in _changes(old, new)}
+    return " ".join(_ADVICE[k] for k in ("count", "rank", "dtype", "shape") if k in kinds)
 
 
 def _reason(error: BaseException) -> str:

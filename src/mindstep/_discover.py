@@ -133,12 +133,7 @@ class _Walker:
     def code(self, fn: types.FunctionType, depth: int, self_value=_UNKNOWN) -> None:
         """Resolve the loads in `fn`'s code (and in the code nested in it), visiting each value."""
         code = fn.__code__
-        derefs = {}
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            try:
-                derefs[name] = cell.cell_contents
-            except ValueError:  # an empty closure cell
-                pass
+        derefs = closure_values(fn)
         locals_ = {}
         positional = code.co_varnames[:code.co_argcount]
         defaults = fn.__defaults__ or ()
@@ -177,6 +172,18 @@ class _Walker:
         for const in code.co_consts:
             if isinstance(const, types.CodeType):  # nested functions and comprehensions
                 self._scan(const, globals_, derefs, {}, depth + 1)
+
+
+def closure_values(fn) -> dict:
+    """The values of `fn`'s closure variables by name; an empty cell (a variable not assigned yet) is
+    left out."""
+    values = {}
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            values[name] = cell.cell_contents
+        except ValueError:  # an empty closure cell
+            pass
+    return values
 
 
 def _outermost(cells: list) -> list:

@@ -22,12 +22,10 @@ class MissingExtraError(ImportError):
     """A feature needs packages of an extra that is not installed; the message gives the pip line."""
 
 
-def require(extra: str, what: str, modules: tuple = ()) -> None:
-    """Check that the packages `what` needs from `extra` (all of the extra's by default) are
-    installed, without importing them, or raise one `MissingExtraError` naming what is missing and the
-    `pip install "mindstep[extra]"` line."""
-    needed = [pair for pair in EXTRAS[extra] if not modules or pair[0] in modules]
-    missing = [dist for module, dist in needed if not _installed(module)]
+def require(extra: str, what: str) -> None:
+    """Check that the packages of `extra`, which `what` needs, are installed, without importing them,
+    or raise one `MissingExtraError` naming what is missing and the `pip install "mindstep[extra]"` line."""
+    missing = [dist for module, dist in EXTRAS[extra] if not _installed(module)]
     if missing:
         raise MissingExtraError(
             f"{what} needs {', '.join(missing)}, which mindstep installs with its '{extra}' extra: "

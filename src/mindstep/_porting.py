@@ -32,7 +32,7 @@ import warnings
 
 from mindspore import nn
 
-from ._discover import _attr, _UNKNOWN
+from ._discover import _attr, _UNKNOWN, closure_values
 from .precision import MARK
 
 try:  # private: the Cells `auto_mixed_precision` (O2/O3) and `custom_mixed_precision` wrap a network in
@@ -124,22 +124,11 @@ def _value(node, fn, self_obj, local: set):
             return self_obj
         if node.id in local:
             return _UNKNOWN
-        cells = [c for c in fn.__closure__ or () if _filled(c)]
-        closure = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in cells))) if len(cells) == len(
-            fn.__code__.co_freevars) else {}
-        return closure.get(node.id, fn.__globals__.get(node.id, _UNKNOWN))
+        return closure_values(fn).get(node.id, fn.__globals__.get(node.id, _UNKNOWN))
     if isinstance(node, ast.Attribute):
         owner = _value(node.value, fn, self_obj, local)
         return _UNKNOWN if owner is _UNKNOWN else _attr(owner, node.attr)
     return _UNKNOWN
-
-
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents
-    except ValueError:
-        return False
-    return True
 
 
 def _first_arg(fn) -> str | None:

@@ -68,12 +68,6 @@ def state(step) -> dict:
     return out
 
 
-def settings(step) -> dict:
-    """The step's settings as JSON values (`step.settings()`): what the manifest records and a load
-    compares."""
-    return step.settings()
-
-
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -155,7 +149,7 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path |
         "numpy": np.__version__, "device": ms.get_context("device_target"), "created_ns": time.time_ns(),
         "step": int(step.graph.counter.value.asnumpy()),
         "payload": {"file": path.name, "format": format, "bytes": path.stat().st_size, "sha256": _digest(path)},
-        "settings": settings(step),
+        "settings": step.settings(),
         "tensors": [{"name": n, "shape": list(p.shape), "dtype": str(p.dtype)} for n, p in params.items()],
         "optimize_report": [{k: r[k] for k in ("layer", "choice")} for r in step.optimize_report or []] or None,
     }
@@ -283,7 +277,7 @@ def _prune(folder: Path, keep: int) -> None:
 def _differences(step, manifest: dict, params: dict) -> tuple[list, list]:
     """(problems, names that fit) between the step and a checkpoint's manifest."""
     problems = []
-    mine, theirs = settings(step), manifest.get("settings", {})
+    mine, theirs = step.settings(), manifest.get("settings", {})
     for key in getattr(step, "STRUCTURAL", STRUCTURAL):
         if mine.get(key) != theirs.get(key):
             problems.append(f"setting {key}: the step has {mine.get(key)!r}, the checkpoint {theirs.get(key)!r}")

@@ -227,8 +227,6 @@ class TrainStep(_core.StepMethods):
         self._update_runner = None if config.accumulate == 1 else _compile.Runner(
             StepGraph(forward, optimizer, part="update", compiled=config.jit, **stages), **runner)
         self._micro = 0  # calls into the current window, mirrored from `<name>.micro`
-        self.debug = config.debug
-        self.optimize = config.optimize
         self.optimize_report = None
         self.optimize_s = 0.0
         self.optimize_budget_mb = None
@@ -269,6 +267,8 @@ class TrainStep(_core.StepMethods):
     max_consecutive_skips = property(lambda self: self.config.update.max_consecutive_skips)
     reduce = property(lambda self: self.config.reduce)
     world_size = property(lambda self: self.config.world_size)
+    debug = property(lambda self: self.config.debug)
+    optimize = property(lambda self: self.config.optimize)
 
     def settings(self) -> dict:
         """The step's settings as JSON values (repr for objects): what a checkpoint manifest records."""

@@ -43,6 +43,7 @@ NATIVE_DW = "+native-dw"
 # Measurements: docs/design/composed-pass.md#native_fwd_dx-forms
 NATIVE_FWD_DX = "+native-fwd-dx"
 ALL_FORMS = FORMS + tuple(f + NATIVE_DW for f in FORMS) + tuple(f + NATIVE_FWD_DX for f in FORMS[:2])
+_NO_PHASES = f"the input gradient is native in the '{NATIVE_FWD_DX}' forms: they have no '+phases'"
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class Form:
         if self.gemm not in self.GEMMS or self.native not in self.NATIVE:
             raise ValueError(f"no such conv form: gemm={self.gemm!r}, native={self.native!r}")
         if self.phases and self.native == "fwd-dx":
-            raise ValueError(f"the input gradient is native in the '{NATIVE_FWD_DX}' forms: they have no '+phases'")
+            raise ValueError(_NO_PHASES)
 
     @classmethod
     def parse(cls, name: str) -> "Form":
@@ -460,9 +461,9 @@ class _ConvFn(nn.Cell):
         for field in dataclasses.fields(geometry):  # every shape this layer works with, fixed on the host
             setattr(self, field.name, getattr(geometry, field.name))
         self.one_gemm = one_gemm
-        t, _, l, _ = pads
+        t, b, l, r = pads
         h, w = input_hw
-        hp, wp = h + pads[0] + pads[1], w + pads[2] + pads[3]
+        hp, wp = h + t + b, w + l + r
         self.pre_pad = _pad_op(geometry.pre)
         self.z_pad = _pad_op(geometry.z_pre)
         # zero insertion between dY's rows/columns: (n, k, ho, 1, wo, 1) padded to (.., sh, .., sw)
@@ -768,12 +769,11 @@ class GemmConv2d(nn.Cell):
         super().__init__(auto_prefix=False)
         if form not in layer_forms(conv, input_hw):
             if form not in ALL_FORMS:
-                why = ("the input gradient is native in the '+native-fwd-dx' forms: they have no '+phases'"
-                       if "+phases" in form and NATIVE_FWD_DX in form else f"the forms are {ALL_FORMS}")
+                why = _NO_PHASES if "+phases" in form and NATIVE_FWD_DX in form else f"the forms are {ALL_FORMS}"
             elif conv.group != 1:
                 why = (f"a grouped layer has the batched form, alone, with '{NATIVE_DW}' or with "
                        f"'{NATIVE_FWD_DX}'")
-            elif form in ALL_FORMS and Form.parse(form).native is not None:
+            elif Form.parse(form).native is not None:
                 why = f"the '{NATIVE_DW}' and '{NATIVE_FWD_DX}' forms are for layers that do not become a plain matmul"
             else:
                 why = "the '+phases' forms need a stride > 1 and no dilation"

@@ -271,8 +271,9 @@ def forced_form(name: str, forms: tuple, force: dict | None) -> tuple[str, str] 
     for pattern, form in (force or {}).items():
         if fnmatch.fnmatchcase(name, pattern):
             if form != "native" and form not in forms:
-                conv = Form.parse(form) if form in ALL_FORMS else None
-                nearest = () if conv is None else (str(Form(conv.gemm, native=conv.native)), str(conv.base), conv.gemm)
+                parsed = Form.parse(form) if form in ALL_FORMS else None  # other kinds' forms have no parts
+                nearest = () if parsed is None else (str(Form(parsed.gemm, native=parsed.native)), str(parsed.base),
+                                                     parsed.gemm)
                 form = next((f for f in nearest if f in forms), forms[0])
             return form, pattern
     return None
