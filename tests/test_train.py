@@ -90,15 +90,16 @@ def uninterrupted(tmp_path_factory):
 def test_the_run_writes_metrics_checkpoints_curves_and_the_summary(uninterrupted):
     out = uninterrupted
     summary = json.loads((out / "s.json").read_text())
-    assert set(summary) == {"recipe", "steps", "resumed_from", "samples_per_s", "data_wait_share", "final_loss",
-                            "checkpoint", "recompute", "notes", "eval"}
+    assert set(summary) == {"recipe", "steps", "epochs", "resumed_from", "samples_per_s", "data_wait_share",
+                            "final_loss", "checkpoint", "stopped", "recompute", "notes", "eval"}
     assert summary["recipe"] == "resnet" and summary["steps"] == 6 and 0 <= summary["data_wait_share"] <= 1
-    assert set(summary["eval"]) == {"accuracy_initial", "accuracy", "accuracy_majority"}
+    assert set(summary["eval"]) == {"accuracy_initial", "accuracy_majority_initial", "accuracy", "accuracy_majority"}
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["batch"] for r in records if "eval" in r] == [0, 3, 6]  # `_initial` is the eval before any update
     logs = [r for r in records if "loss" in r]
     assert [r["batch"] for r in logs] == [1, 2, 3, 4, 5, 6]
-    assert set(logs[0]) == {"batch", "loss", "lr", "applied", "samples_per_s", "data_wait_share"}
+    assert set(logs[0]) == {"batch", "loss", "lr", "applied", "step", "skipped", "skipped_in_row", "samples_per_s",
+                            "data_wait_share"}
     assert sorted(os.listdir(out / "ckpt")) == ["batch-0000003.ckpt", "batch-0000003.ckpt.json",
                                                "batch-0000006.ckpt", "batch-0000006.ckpt.json"]
     assert (out / "curves.png").stat().st_size > 0 and (out / "config.yaml").exists()
@@ -158,7 +159,8 @@ def test_bert_recipe_end_to_end_and_resume(tmp_path):
     assert main(["train", "--recipe", "bert", "--out", str(full), "--steps", "4", "--json", str(full / "s.json"),
                  *BERT_TINY]) == 0
     summary = json.loads((full / "s.json").read_text())
-    assert set(summary["eval"]) == {"mlm_accuracy_initial", "mlm_accuracy", "mlm_accuracy_unigram"}
+    assert set(summary["eval"]) == {"mlm_accuracy_initial", "mlm_accuracy_unigram_initial", "mlm_accuracy",
+                                    "mlm_accuracy_unigram"}
     assert 0 < summary["eval"]["mlm_accuracy_unigram"] < 0.5
     # the run's tokenizer is part of the run (tokenizers' trainer breaks ties differently each time)
     cut.mkdir()

@@ -24,20 +24,21 @@ __version__ = "0.1.0"
 _NAMES = {"Dropout": "dropout", "resumable_dropout": "dropout", "NetworkWarning": "_discover",
           "NonFiniteError": "nonfinite", "PortingWarning": "_porting", "param_groups": "groups", "optimize": "optimize",
           "Precision": "precision", "TrainStep": "step", "GANStep": "gan", "init_distributed": "dist", "shard_args": "dist",
-          "is_main": "dist"}
+          "is_main": "dist", "fit": "loop"}
 
 __all__ = ["Dropout", "GANStep", "NetworkWarning", "NonFiniteError", "PortingWarning", "Precision", "TrainStep", "checkpoint", "dist",
-           "gan", "init_distributed", "is_main", "loss_scale", "losses", "optimize", "param_groups", "resumable_dropout",
+           "fit", "gan", "init_distributed", "is_main", "loop", "loss_scale", "losses", "optimize", "param_groups", "resumable_dropout",
            "schedules", "shard_args", "__version__"]
 
 if _TYPE_CHECKING:  # what the lazy exports resolve to, for type checkers and API-doc generators
-    from . import checkpoint, dist, gan, loss_scale, losses, schedules
+    from . import checkpoint, dist, gan, loop, loss_scale, losses, schedules
     from ._discover import NetworkWarning
     from ._porting import PortingWarning
     from .dist import init_distributed, is_main, shard_args
     from .dropout import Dropout, resumable_dropout
     from .gan import GANStep
     from .groups import param_groups
+    from .loop import fit
     from .nonfinite import NonFiniteError
     from .optimize import optimize
     from .precision import Precision

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import mindspore as ms
+from mindspore import ops
 
 from . import checkpoint as _checkpoint
 from . import clip as _clip
@@ -107,7 +108,7 @@ def update_stages(optimizer, update: Update, prefix: str, reduce_mode, world: in
     lr = _schedules.NoSchedule()
     if update.lr_schedule is not None:
         lr_params = _groups.lr_parameters(optimizer)
-        lr = _schedules.ScheduleStage(update.lr_schedule, lr_params, _groups.lr_scales(optimizer, lr_params))
+        lr = _schedules.ScheduleStage(update.lr_schedule, lr_params, _groups.lr_scales(optimizer, lr_params), prefix)
     return dict(counter=Counter(f"{prefix}.step"), scale=_loss_scale.stage(update.loss_scale, prefix),
                 clip=_clip.Clip(update.clip_grad_norm, update.clip_grad_value), ema=_ema.stage(params, update.ema, prefix),
                 lr=lr, finite=_nonfinite.stage(update.on_nonfinite, prefix),
@@ -161,14 +162,51 @@ def watched(graph, cells) -> list:
 class StepMethods:
     """The step methods `TrainStep` and `GANStep` share. A step sets `name`, `graph` (the Cell that
     holds every stage Parameter), `optimize` (the pass's settings or None) and defines `settings()`
-    and `resync()`."""
+    `resync()` and `_lr_stages()` (each update's LR stage with its optimizer)."""
 
     def state_parameters(self) -> list:
         """The Parameters this step created (counters, accumulators, ...), for checkpoints."""
         prefix = self.name + "."
         return [p for p in self.graph.get_parameters() if p.name.startswith(prefix)]
 
-    def save(self, path, *, format: str = "ckpt", keep: int | None = None):
+    def scale_lr(self, factor: float) -> float:
+        """Multiply the learning rate by `factor` from the next update on, in place: the compiled
+        step is not recompiled. With an `lr_schedule` the schedule's output is multiplied (the
+        Parameter ``<name>.lr_factor``); without one, the optimizer's LR Parameters are. Both are
+        in the checkpoint, so a resumed run keeps the lowered LR. Returns the factor applied so
+        far (the product of every call). What `mindstep.loop.ReduceLROnPlateau` calls.
+
+        Example:
+            `step.scale_lr(0.5)` halves the LR of every parameter group.
+        """
+        factor = check_float("factor", factor, low=0.0, low_open=True,
+                             fix="Pass a positive multiplier, e.g. step.scale_lr(0.1) to divide the LR by 10.")
+        for stage, optimizer in self._lr_stages():
+            if isinstance(stage, _schedules.ScheduleStage):
+                targets = [stage.factor]
+            else:
+                try:
+                    targets = _groups.lr_parameters(optimizer)
+                except ValueError:
+                    raise bad_value("the optimizer's learning_rate", optimizer.learning_rate, "a float",
+                                    "scale_lr cannot scale a MindSpore LR list or LearningRateSchedule; build the "
+                                    "optimizer with a float LR and pass the schedule as lr_schedule=") from None
+            for param in targets:
+                ops.assign(param, param * ms.Tensor(factor, param.dtype))
+        self._lr_factor = self.lr_factor * factor
+        return self._lr_factor
+
+    @property
+    def lr_factor(self) -> float:
+        """The product of every `scale_lr` factor (1.0 when none). With an `lr_schedule` it is read
+        from the step's Parameter, so it survives a checkpoint load; without one it counts this
+        process's calls (the lowered LR itself is in the optimizer's checkpointed Parameters)."""
+        stages = [s for s, _ in self._lr_stages() if isinstance(s, _schedules.ScheduleStage)]
+        if stages:
+            return float(stages[0].factor.asnumpy())
+        return getattr(self, "_lr_factor", 1.0)
+
+    def save(self, path, *, format: str = "ckpt", keep: int | None = None, extra: dict | None = None):
         """Save the complete training state atomically (`mindstep.checkpoint.save`); returns the path.
         In a data-parallel job only rank 0 writes (every rank holds the same state) and the other
         ranks return None.
@@ -176,7 +214,7 @@ class StepMethods:
         Example:
             `step.save("runs/ckpt/step-000100.ckpt", keep=3)`.
         """
-        return _checkpoint.save(self, path, format=format, keep=keep)
+        return _checkpoint.save(self, path, format=format, keep=keep, extra=extra)
 
     def load(self, path, *, strict: bool = True) -> dict:
         """Load a checkpoint into this step in place (`mindstep.checkpoint.load`); returns its manifest.

@@ -15,6 +15,8 @@ EXTRAS = {
               ("sklearn", "scikit-learn"), ("tokenizers", "tokenizers"), ("skimage", "scikit-image"),
               ("PIL", "pillow")),
     "bench": (("matplotlib", "matplotlib"),),
+    "tensorboard": (("tensorboardX", "tensorboardX"),),
+    "mlflow": (("mlflow", "mlflow-skinny"),),
 }
 
 

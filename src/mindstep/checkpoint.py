@@ -114,7 +114,7 @@ def _resolve(path, fmt: str) -> Path:
     return path if path.name.endswith(suffix) else path.with_name(path.name + suffix)
 
 
-def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path | None:
+def save(step, path, *, format: str = "ckpt", keep: int | None = None, extra: dict | None = None) -> Path | None:
     """Save the complete training state of `step`; returns the payload's path. In a data-parallel
     job (a step with `reduce`) only rank 0 writes, and the other ranks return None.
 
@@ -125,6 +125,9 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path |
         format: ``"ckpt"`` or ``"safetensors"`` (both MindSpore's `save_checkpoint`).
         keep: after this checkpoint is complete, remove the older complete checkpoints of the
             same folder beyond the newest `keep` (None: remove nothing).
+        extra: JSON values recorded in the manifest under ``"extra"`` (what `mindstep.fit` keeps
+            there: the data position, the callbacks' state); written with the manifest, so it is
+            exactly as complete as the checkpoint. `read_manifest(path)["extra"]` reads it back.
 
     Example:
         `step.save(f"runs/ckpt/step-{int(m['step']):06d}.ckpt", keep=3)` inside the loop; the
@@ -133,6 +136,12 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path |
     check_choice("format", format, tuple(FORMATS), "Use 'ckpt' (MindSpore's format) or 'safetensors'.")
     if keep is not None:
         keep = check_int("keep", keep, minimum=1, fix="Pass how many checkpoints to keep, e.g. keep=3, or None.")
+    if extra is not None:
+        try:
+            extra = json.loads(json.dumps(extra, allow_nan=True))
+        except (TypeError, ValueError) as err:
+            raise bad_type("extra", extra, "a dict of JSON values (numbers, strings, lists, dicts)",
+                           f"Convert tensors with float()/.tolist() first ({err}).") from None
     if getattr(step, "reduce", None) and not _dist.is_main():
         return None  # data parallel: every rank holds the same state, rank 0 writes it
     path = _resolve(path, format)
@@ -152,6 +161,7 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None) -> Path |
         "settings": step.settings(),
         "tensors": [{"name": n, "shape": list(p.shape), "dtype": str(p.dtype)} for n, p in params.items()],
         "optimize_report": [{k: r[k] for k in ("layer", "choice")} for r in step.optimize_report or []] or None,
+        "extra": extra,
     }
     _write_json_atomic(manifest_path(path), manifest)
     if keep is not None:

@@ -322,6 +322,9 @@ class GANStep(_core.StepMethods):
     def jit(self) -> bool:
         return self.jit_enabled
 
+    def _lr_stages(self) -> list:
+        return [(self.objectives[o].lr, self.optimizers[o]) for o in OBJECTIVES]
+
     def resync(self) -> None:
         """Re-read the iteration counter from its Parameter (after a checkpoint load)."""
         self._iteration = int(self.graph.counter.value.asnumpy())

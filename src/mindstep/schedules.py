@@ -188,7 +188,8 @@ def linear_warmup(lr: float, steps: int, start_factor: float = 0.0) -> warmup:
 
 
 class NoSchedule(ms.nn.Cell):
-    """No schedule: the optimizer's own LR, no `lr` metric."""
+    """No schedule: the optimizer's own LR, no `lr` metric (`step.scale_lr` writes the
+    optimizer's LR Parameters themselves)."""
 
     metric_names = ()
 
@@ -203,18 +204,22 @@ class NoSchedule(ms.nn.Cell):
 
 
 class ScheduleStage(ms.nn.Cell):
-    """Sets each optimizer group's LR Parameter to `schedule(step) * scale` before the update."""
+    """Sets each optimizer group's LR Parameter to `schedule(step) * scale * factor` before the
+    update. `factor` (the Parameter ``<prefix>.lr_factor``, 1.0 at the start) is what
+    `step.scale_lr` multiplies from the host, so a plateau rule lowers the LR of a compiled step
+    without recompiling it, and a checkpoint keeps it."""
 
-    def __init__(self, schedule: Schedule, lr_params, scales):
+    def __init__(self, schedule: Schedule, lr_params, scales, prefix: str = "mindstep"):
         super().__init__(auto_prefix=False)
         self.schedule = schedule
         self.lr_params = ms.ParameterTuple(lr_params)
         self.scales = tuple(scales)
+        self.factor = ms.Parameter(ms.Tensor(1.0, ms.float32), name=f"{prefix}.lr_factor", requires_grad=False)
         self.metric_names = ("lr",) if len(set(self.scales)) == 1 else \
             ("lr",) + tuple(f"lr/group{i}" for i in range(len(self.scales)))
 
     def values(self, step):
-        base = self.schedule(step).astype(ms.float32)
+        base = self.schedule(step).astype(ms.float32) * self.factor
         return tuple(base * s for s in self.scales)
 
     def assign(self, lrs):

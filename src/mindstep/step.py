@@ -333,6 +333,9 @@ class TrainStep(_core.StepMethods):
         if self._update_runner is not None:
             self._micro = int(self.graph.accumulate.micro.asnumpy())
 
+    def _lr_stages(self) -> list:
+        return [(self.graph.lr, self.optimizer)]
+
     @contextlib.contextmanager
     def ema_weights(self):
         """Swap the EMA shadow weights into the network for evaluation; restore the live weights
