@@ -200,10 +200,10 @@ class BestCheckpoint(_Monitor):
     """Keep the `k` best checkpoints by `monitor` in `<out>/<folder>` (default ``best``), beside
     the periodic ones: each evaluation after training has started that ranks among the best `k` is
     saved (atomically, `mindstep.checkpoint.save`, its metric in the manifest's ``extra``), and the
-    one it pushes out is removed after the new one is complete. `best()` is the best one's path.
+    one it pushes out is removed after the new one is complete. `best_path()` is the best one's path.
 
     Example:
-        `BestCheckpoint("accuracy", k=2, mode="max")`; then `step.load(cb.best())`.
+        `BestCheckpoint("accuracy", k=2, mode="max")`; then `step.load(cb.best_path())`.
     """
 
     def __init__(self, monitor: str, k: int = 1, mode: str = "min", folder: str = "best"):
@@ -259,7 +259,7 @@ class BestCheckpoint(_Monitor):
                 manifest.unlink(missing_ok=True)
                 payload.unlink(missing_ok=True)
 
-    def best(self):
+    def best_path(self):
         """The path of the best checkpoint kept, or None."""
         return self.kept[0][1] if self.kept else None
 

@@ -83,9 +83,13 @@ class Source:
     def _dataset_epochs(self, epoch: int, skip: int, epochs: int | None):
         data = self.data
         per_epoch = data.get_dataset_size()
+        epoch, skip = epoch + skip // per_epoch, skip % per_epoch
+        if epochs is not None and epoch >= epochs:
+            return
         if epoch or skip:
             data.set_init_step(epoch * per_epoch + skip)
-        self._iterator = data.create_tuple_iterator(num_epochs=-1 if epochs is None else epochs - epoch)
+        # num_epochs counts from epoch 0 also after set_init_step (measured on MindSpore 2.10)
+        self._iterator = data.create_tuple_iterator(num_epochs=-1 if epochs is None else epochs)
         try:
             while epochs is None or epoch < epochs:
                 yield from ((epoch, i, b) for i, b in enumerate(self._iterator, start=skip))

@@ -79,7 +79,7 @@ def run(step, eval_fn, eval_data, *, world: int, ema: bool) -> dict:
 
 def classification(net=None, *, loss_fn=None, top_k=(1, 5), label: int = -1):
     """An `eval_fn` for a network mapping inputs to class logits: `accuracy` (top-1),
-    `top<k>` for each other k, and `loss` when `loss_fn` is given, each a `Mean` over samples.
+    `top<k>` for each other k below the number of classes, and `loss` when `loss_fn` is given, each a `Mean` over samples.
 
     Args:
         net: the network; None: the step's (`step.net` from `TrainStep.from_net`, or its one network).
@@ -95,20 +95,22 @@ def classification(net=None, *, loss_fn=None, top_k=(1, 5), label: int = -1):
     def evaluate(step, eval_data):
         model = net if net is not None else _the_net(step)
         counts = {k: 0.0 for k in ks}
-        loss_sum, n = 0.0, 0
-        for batch in _data.one_pass(eval_data, rank=_rank(), world=_world()):
+        loss_sum, n, classes = 0.0, 0, 0
+        for batch in _batches(eval_data, "classification()"):
             args = _data.as_args(batch)
             inputs, labels = args[:label] + args[label + 1:] if label != -1 else args[:-1], args[label]
             logits = model(*(_tensor(a) for a in inputs))
             y = labels.asnumpy() if hasattr(labels, "asnumpy") else np.asarray(labels)
             scores = logits.asnumpy()
+            classes = scores.shape[1]
             order = np.argsort(-scores, axis=1)
             for k in ks:
                 counts[k] += float((order[:, :k] == y.reshape(-1, 1)).any(1).sum())
             if loss_fn is not None:
                 loss_sum += float(loss_fn(logits, _tensor(labels)).asnumpy()) * len(y)
             n += len(y)
-        out = {("accuracy" if k == 1 else f"top{k}"): Mean(counts[k], n) for k in ks}
+        # a top-k over k or fewer classes is always right: not reported
+        out = {("accuracy" if k == 1 else f"top{k}"): Mean(counts[k], n) for k in ks if k == 1 or k < classes}
         if loss_fn is not None:
             out["loss"] = Mean(loss_sum, n)
         return out
@@ -127,7 +129,7 @@ def loss(forward=None):
     def evaluate(step, eval_data):
         fn = forward if forward is not None else step.forward
         total, n = 0.0, 0
-        for batch in _data.one_pass(eval_data, rank=_rank(), world=_world()):
+        for batch in _batches(eval_data, "loss()"):
             args = _data.as_args(batch)
             out = fn(*(_tensor(a) for a in args))
             value = out[0] if isinstance(out, (tuple, list)) else out
@@ -137,6 +139,12 @@ def loss(forward=None):
         return {"loss": Mean(total, n)}
 
     return evaluate
+
+
+def _batches(eval_data, who: str):
+    if eval_data is None:
+        raise ValueError(f"mindstep.loop.{who} evaluates on eval_data, but fit got none; pass fit(..., eval_data=...)")
+    return _data.one_pass(eval_data, rank=_rank(), world=_world())
 
 
 def _tensor(value):

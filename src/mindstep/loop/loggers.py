@@ -171,7 +171,8 @@ class TensorBoardLogger(Logger):
 class MLflowLogger(Logger):
     """One MLflow run: the config as parameters, metrics ``train/<name>`` and ``eval/<name>`` with
     the batch count as MLflow's step, the summary's numbers as ``summary/<name>``. `tracking_uri`
-    defaults to a local file store in `<out>/mlruns`; a resumed run continues the same MLflow run
+    defaults to a local file store in `<out>/mlruns` (MLflow 3 keeps that store in maintenance mode
+    and wants ``MLFLOW_ALLOW_FILE_STORE=true``, which this logger sets when you left it unset); a resumed run continues the same MLflow run
     (its id is kept in `<out>/mlflow_run_id`)."""
 
     def __init__(self, experiment: str = "mindstep", tracking_uri: str | None = None, run_name: str | None = None):
@@ -182,7 +183,12 @@ class MLflowLogger(Logger):
     def open(self, out):
         from mlflow.tracking import MlflowClient
 
-        uri = self.tracking_uri or ("file:" + os.path.abspath(os.path.join(out or ".", "mlruns")))
+        uri = self.tracking_uri
+        if uri is None:
+            uri = "file:" + os.path.abspath(os.path.join(out or ".", "mlruns"))
+            # MLflow 3.x keeps its file store in maintenance mode and refuses it unless told otherwise;
+            # it still writes and reads it (pass tracking_uri="sqlite:///..." for a database store)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         id_file = os.path.join(out, "mlflow_run_id") if out else None
         if id_file and os.path.exists(id_file):
