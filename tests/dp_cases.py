@@ -122,6 +122,19 @@ for x, y in batches(3, 10, feat=4):
     metrics.append(step(*mine(x3, y3, masks)))
 save("count", net, metrics)
 
+# fit: a list of batches, each rank taking every other one (the reference: the pairs joined), and
+# an evaluation whose Mean is merged over both ranks' batches (3 of them: rank 0 evaluates two)
+net, opt = build("fit")
+step = mindstep.TrainStep(forward, opt, name="fit")
+train = batches(4, 8)
+if REFERENCE:
+    train = [(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]])) for a, b in zip(train[::2], train[1::2])]
+held_out = batches(3, 5)
+summary = mindstep.fit(step, train, epochs=1, eval_data=held_out, eval_fn=mindstep.loop.loss(), progress=False)
+params = {p.name: p.asnumpy() for p in net.trainable_params()}
+np.savez(os.path.join(OUT, f"fit_{'ref' if REFERENCE else f'rank{rank}'}.npz"), **params,
+         eval_loss=summary["eval"]["loss"], eval_loss_initial=summary["eval"]["loss_initial"], steps=summary["steps"])
+
 # shards: what mindstep.shard_args() gives a mindspore.dataset pipeline on this rank
 ids = ds.NumpySlicesDataset({"id": np.arange(10, dtype=np.int32)}, shuffle=False, **mindstep.shard_args())
 np.save(os.path.join(OUT, f"shards_{'ref' if REFERENCE else f'rank{rank}'}.npy"),

@@ -84,6 +84,15 @@ def test_micro_steps_do_not_communicate(single_node):
     assert os.path.exists(os.path.join(out, "accum_rank0_micro_done"))
 
 
+def test_fit_shards_the_batches_and_merges_the_evaluation_over_every_ranks_samples(single_node):
+    out, _ = single_node
+    r0, r1, ref = (_load(out, "fit", w) for w in ("rank0", "rank1", "ref"))
+    assert int(r0["steps"]) == int(r1["steps"]) == int(ref["steps"]) == 2
+    for name in ref.files:
+        np.testing.assert_allclose(r0[name], ref[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        assert np.array_equal(r0[name], r1[name]), name
+
+
 def test_shards_are_disjoint_and_cover_the_data(single_node):
     out, _ = single_node
     r0, r1 = (np.load(os.path.join(out, f"shards_rank{r}.npy")) for r in (0, 1))

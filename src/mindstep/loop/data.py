@@ -140,14 +140,19 @@ class ResumeWarning(UserWarning):
 
 
 def one_pass(data, *, rank: int = 0, world: int = 1, arg: str = "eval_data"):
-    """Every batch of `data` for this rank, once (evaluation)."""
+    """This rank's batches of `data`, once (evaluation): a Dataset's shard, or batches rank,
+    rank + W, ... of anything else. Nothing is dropped (ranks may evaluate unequal numbers of
+    batches; their results are merged once, after)."""
     source = Source(data, rank=rank, world=world, arg=arg)
-    if source.kind == "dataset":
+    data = data(0) if source.kind == "callable" else data
+    if is_dataset(data):
+        source._check_sharded(data)
         it = data.create_tuple_iterator(num_epochs=1)
         try:
             yield from it
         finally:
             getattr(it, "stop", lambda: None)()
         return
-    for _, batch in source._one_epoch(0, 0):
-        yield batch
+    for i, batch in enumerate(data):
+        if i % world == rank:
+            yield batch
