@@ -33,7 +33,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from ._errors import bad_type, check_choice, check_int
+from ._errors import bad_type, bad_value, check_choice, check_int
 from .dist import context as _dist
 
 FORMAT_VERSION = 1
@@ -364,3 +364,94 @@ def _restore_decisions(step, manifest: dict) -> None:
         warnings.warn("this step's composed-operator decisions differ from the checkpoint's; the resumed run computes "
                       "with other forms (equal within float tolerance, not bit-identical). Load before the first "
                       "call to reuse the saved decisions.", CheckpointWarning, stacklevel=3)
+
+
+#: `load_weights(..., name_map="torch")`: PyTorch's BatchNorm names -> MindSpore's
+TORCH_BATCHNORM = {"running_mean": "moving_mean", "running_var": "moving_variance"}
+_TORCH_DROPPED = ("num_batches_tracked",)
+
+
+def _rename(name: str, name_map, targets) -> str | None:
+    """The network name a weight file's `name` goes to (None: dropped)."""
+    import re
+
+    if name_map == "torch":
+        if name.rsplit(".", 1)[-1] in _TORCH_DROPPED:
+            return None
+        head, _, leaf = name.rpartition(".")
+        leaf = TORCH_BATCHNORM.get(leaf, leaf)
+        for old, new in (("weight", "gamma"), ("bias", "beta")):
+            if leaf == old and f"{head}.{old}" not in targets and f"{head}.{new}" in targets:
+                leaf = new
+        return f"{head}.{leaf}" if head else leaf
+    for pattern, replacement in (name_map or {}).items():
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+def load_weights(net: nn.Cell, path, *, name_map=None, strict: bool = True) -> dict:
+    """Initialise `net`'s weights from a `.ckpt` or `.safetensors` file, e.g. weights trained
+    elsewhere; returns the report ``{"loaded", "missing", "unexpected", "mismatched"}``.
+
+    Args:
+        net: the network.
+        path: a MindSpore checkpoint (``.ckpt``) or a ``.safetensors`` file.
+        name_map: how the file's names become the network's: a dict ``{regex: replacement}``
+            applied in order (`re.sub`), or ``"torch"`` for PyTorch's BatchNorm names
+            (``running_mean``/``running_var``/``weight``/``bias`` -> ``moving_mean``/
+            ``moving_variance``/``gamma``/``beta``; ``num_batches_tracked`` dropped).
+        strict: raise `CheckpointError` listing every network weight the file lacks, every file
+            weight the network lacks and every shape that differs, each with the closest names;
+            False loads what fits and warns with the same list.
+
+    Example:
+        `mindstep.checkpoint.load_weights(net, "resnet18_torch.safetensors", name_map="torch")`.
+    """
+    import difflib
+
+    if not isinstance(net, nn.Cell):
+        raise bad_type("net", net, "a mindspore.nn.Cell", "Pass the network to initialise.")
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        raise bad_value("path", path, "an existing .ckpt or .safetensors file", "Check the path (model.init_from).")
+    if name_map is not None and name_map != "torch" and not isinstance(name_map, dict):
+        raise bad_type("name_map", name_map, "None, 'torch' or a dict {regex: replacement}",
+                       "Example: name_map={'^backbone\\\\.': ''}.")
+    fmt = "safetensors" if str(path).endswith(".safetensors") else "ckpt"
+    try:
+        values = ms.load_checkpoint(str(path), format=fmt)
+    except (RuntimeError, ValueError, OSError) as err:
+        raise CheckpointError(f"cannot read the weights {path}: {err}") from None
+    params = {p.name: p for p in net.get_parameters()}
+    renamed = {}
+    for name, value in values.items():
+        target = _rename(name, name_map, params)
+        if target is not None:
+            renamed[target] = (name, value)
+    missing = [n for n in params if n not in renamed]
+    unexpected = [f"{src} (as {n})" if src != n else n for n, (src, _) in renamed.items() if n not in params]
+    mismatched, fits = [], []
+    for n, (src, value) in renamed.items():
+        if n in params:
+            if tuple(value.shape) != tuple(params[n].shape):
+                mismatched.append(f"{n}: the network has {list(params[n].shape)}, the file {list(value.shape)}")
+            else:
+                fits.append(n)
+
+    def closest(name, pool):
+        near = difflib.get_close_matches(name.split(" (as ")[0], list(pool), n=1, cutoff=0.6)
+        return f"{name} (closest: {near[0]})" if near else name
+
+    report = {"loaded": fits, "missing": [closest(n, [k for k in renamed if k not in params]) for n in missing],
+              "unexpected": [closest(n, missing) for n in unexpected], "mismatched": mismatched}
+    problems = [f"{kind}: {', '.join(report[kind][:12])}" + (f" and {len(report[kind]) - 12} more" if len(report[kind]) > 12 else "")
+                for kind in ("missing", "unexpected", "mismatched") if report[kind]]
+    if problems and strict:
+        raise CheckpointError(f"the weights {path} do not fit the network ({len(fits)} of {len(params)} fit):\n  - "
+                              + "\n  - ".join(problems) + "\nFix the names with name_map= (a dict of regexes, or "
+                              "'torch' for PyTorch BatchNorm names), or load what fits with strict=False.")
+    if problems:
+        warnings.warn(f"loaded {len(fits)} of {len(params)} weights from {path}; not loaded:\n  - " + "\n  - ".join(problems),
+                      CheckpointWarning, stacklevel=2)
+    for n in fits:
+        params[n].set_data(ms.Tensor(values[renamed[n][0]].asnumpy(), params[n].dtype))
+    return report

@@ -23,6 +23,8 @@ class Data(_Section):
     batch_size: int = Field(64, ge=1)
     workers: int = Field(2, ge=1, description="mindspore.dataset parallel workers")
     seed: int = 0
+    on_error: Literal["raise", "skip"] = Field("raise", description="an unreadable sample: raise naming it, or skip it")
+    augment: bool = Field(True, description="an image folder: random resized crop and flip each epoch")
 
 
 class Optim(_Section):
@@ -62,12 +64,40 @@ class Step(_Section):
     jit: bool = True
 
 
+class EarlyStop(_Section):
+    monitor: str
+    patience: int = Field(3, ge=1)
+    mode: Literal["min", "max"] = "min"
+    min_delta: float = Field(0.0, ge=0)
+
+
+class Plateau(_Section):
+    monitor: str
+    factor: float = Field(0.1, gt=0, lt=1)
+    patience: int = Field(2, ge=1)
+    mode: Literal["min", "max"] = "min"
+    min_delta: float = Field(0.0, ge=0)
+    cooldown: int = Field(0, ge=0)
+    min_factor: float = Field(0.0, ge=0)
+
+
+class Best(_Section):
+    monitor: str
+    k: int = Field(1, ge=1)
+    mode: Literal["min", "max"] = "min"
+
+
 class Train(_Section):
     steps: int = Field(600, ge=1, description="step calls (batches)")
     eval_every: int = Field(200, ge=1)
     save_every: int = Field(200, ge=1)
     log_every: int = Field(20, ge=1)
     keep: int = Field(3, ge=1, description="checkpoints kept")
+    early_stopping: Optional[EarlyStop] = Field(None, description="mindstep.loop.EarlyStopping's arguments")
+    reduce_lr_on_plateau: Optional[Plateau] = Field(None, description="mindstep.loop.ReduceLROnPlateau's arguments")
+    best_checkpoint: Optional[Best] = Field(None, description="mindstep.loop.BestCheckpoint's arguments (in out/best)")
+    loggers: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list,
+                                                           description="trackers beside metrics.jsonl/csv")
 
 
 class Config(_Section):

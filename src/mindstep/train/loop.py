@@ -134,6 +134,20 @@ class Batches:
             epoch, skip = epoch + 1, 0
 
 
+def _callbacks(t) -> list:
+    """The callbacks `train:` configures."""
+    from .. import loop
+
+    out = []
+    if t.early_stopping is not None:
+        out.append(loop.EarlyStopping(**t.early_stopping.model_dump()))
+    if t.reduce_lr_on_plateau is not None:
+        out.append(loop.ReduceLROnPlateau(**t.reduce_lr_on_plateau.model_dump()))
+    if t.best_checkpoint is not None:
+        out.append(loop.BestCheckpoint(**t.best_checkpoint.model_dump()))
+    return out
+
+
 def _has_checkpoint(out: str) -> bool:
     ckpt_dir = os.path.join(out, "ckpt")
     return os.path.isdir(ckpt_dir) and _checkpoint.latest(ckpt_dir) is not None
@@ -204,6 +218,8 @@ def _run(cfg, out: str, *, resume: bool = False, json_path: str | None = None, p
         with open(os.path.join(out, "config.yaml"), "w") as fh:
             fh.write(dump(cfg))
     t = cfg.train
+    callbacks = list(callbacks) + _callbacks(t)
+    loggers = list(loggers) + list(t.loggers)
     done = fit(step, Batches.of(cfg, recipe), steps=t.steps, eval_fn=lambda _step, _data: recipe.evaluate(),
                eval_every=t.eval_every, out=out, save_every=t.save_every, keep=t.keep, resume=resume,
                callbacks=callbacks, loggers=loggers, log_every=t.log_every, progress=progress,

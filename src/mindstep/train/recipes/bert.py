@@ -4,7 +4,7 @@ Default corpus: `pydoc_data.topics` (Python's own documentation topics, installe
 Python), without the lines that only draw reST rules and table borders (`-----`, `=====`,
 `+---+`: they made '-' a quarter of the tokens of some topics); every 10th paragraph is held out
 (a first split, every 5th whole topic, held out 7k tokens dominated by a few tables' topics).
-`--data` takes any UTF-8 text file, split the same way. The vocabulary is a WordPiece one trained on the training
+`--data` takes any UTF-8 text file, or a folder of `.txt` files, split the same way. The vocabulary is a WordPiece one trained on the training
 text with Hugging Face's `tokenizers` (the WordPiece BERT uses, trained in a fraction of a second;
 MindSpore's `dataset.text.WordpieceTokenizer` needs a vocabulary and cannot train one). 15 % of the
 tokens of each 64-token block are masked afresh every epoch (seed `data.seed + epoch`, so a resumed
@@ -16,7 +16,9 @@ predicting the most frequent training token.
 """
 from __future__ import annotations
 
+import os
 import re
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,6 +41,11 @@ class ModelConfig(BaseModel):
     ffn: int = Field(256, ge=8)
     mask_prob: float = Field(0.15, gt=0, lt=1)
     dropout: float = Field(0.1, ge=0, lt=1)
+    factory: Optional[str] = Field(None, description="your network (token ids -> logits): 'module:callable' or './file.py:Net'")
+    args: dict[str, Any] = Field(default_factory=dict, description="the factory's keyword arguments")
+    init_from: Optional[str] = Field(None, description="weights to start from: a .ckpt or .safetensors file")
+    init_map: Union[None, Literal["torch"], dict[str, str]] = None
+    init_strict: bool = True
 
 
 _RULE = re.compile(r"\s*[\-=*+|~^_:][\s\-=*+|~^_:]*")  # a rule or border line (blank lines stay)
@@ -55,7 +62,15 @@ def _texts(path):
     """(training paragraphs, held-out paragraphs): every 10th paragraph (text between blank lines)
     of the corpus is held out, so both sides come from the same documents while no held-out text
     is trained on, the tokenizer included."""
-    if path:
+    if path and os.path.isdir(path):  # a folder: its .txt files, in name order
+        files = sorted(os.path.join(root, f) for root, _, names in os.walk(path) for f in names if f.endswith(".txt"))
+        if not files:
+            raise ValueError(f"data.path {path}: a folder without .txt files; give a text file or a folder of them")
+        docs = []
+        for file in files:
+            with open(file, encoding="utf-8") as fh:
+                docs.append(fh.read())
+    elif path:
         with open(path, encoding="utf-8") as fh:
             docs = [fh.read()]
     else:
@@ -153,8 +168,14 @@ class Recipe:
         return mask(self.train_ids, self.model_cfg.mask_prob, self.vocab, self.cfg.data.seed + 1000 * (epoch + 1))
 
     def build(self):
+        from .. import factory
+
         m = self.model_cfg
-        self.net = BertMLM(self.vocab, m.hidden, m.layers, m.heads, m.ffn, m.seq_len, m.dropout)
+        if m.factory:
+            self.net = factory.build(m.factory, m.args, {"vocab_size": self.vocab, "seq_len": m.seq_len})
+        else:
+            self.net = BertMLM(self.vocab, m.hidden, m.layers, m.heads, m.ffn, m.seq_len, m.dropout)
+        self.init_report = factory.initialise(self.net, m)
         return self.net
 
     def forward(self):
