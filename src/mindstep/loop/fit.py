@@ -52,10 +52,12 @@ def fit(step, train_data, *, steps: int | None = None, epochs: int | None = None
             for how each is sharded under data parallel and resumed at the exact batch.
         steps: train this many step calls (batches), epoch after epoch; or
         epochs: train this many passes over `train_data` (exactly one of the two).
-        eval_data, eval_fn: `eval_fn(step, eval_data) -> {name: value}` (e.g.
+        eval_data: what `eval_fn` evaluates on (any kind `train_data` takes; sharded the same way).
+        eval_fn: `eval_fn(step, eval_data) -> {name: value}` (e.g.
             `mindstep.loop.classification()`), run before the first update (reported as
             ``<name>_initial``), every `eval_every` step calls, and at the end; with the EMA weights
             when the step keeps them; merged over the ranks (`mindstep.loop.Mean`).
+        eval_every: evaluate every this many step calls (None: before and at the end only).
         out: the run's folder: ``ckpt/batch-<N>.ckpt`` (N = step calls done), ``metrics.jsonl``,
             ``metrics.csv`` and what the loggers write. None: no files (and no resume).
         save_every: checkpoint every this many step calls (and at the end); None: at the end only.
