@@ -145,9 +145,37 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None, extra: di
     if getattr(step, "reduce", None) and not _dist.is_main():
         return None  # data parallel: every rank holds the same state, rank 0 writes it
     path = _resolve(path, format)
-    path.parent.mkdir(parents=True, exist_ok=True)
     params = state(step)
     _warn_kernel_dropout(step)
+    try:
+        _write(step, path, params, format, extra)
+    except (OSError, RuntimeError) as err:
+        _discard(path)
+        previous = latest(path.parent) if path.parent.is_dir() else None
+        reason = f"{err.strerror} (errno {err.errno})" if isinstance(err, OSError) and err.strerror else \
+            str(err).strip().splitlines()[0]
+        raise CheckpointError(f"could not save the checkpoint {path}: {reason}. Nothing of it was kept; the newest "
+                              f"complete checkpoint is still {previous or '(none)'}. Free disk space or fix the "
+                              "folder's permissions; mindstep.fit(on_save_error='warn') keeps training and tries "
+                              "again at the next save.") from err
+    if keep is not None:
+        _prune(path.parent, keep)
+    return path
+
+
+def _discard(path: Path) -> None:
+    """What a failed save left: its temporary files, and a payload whose manifest was not written."""
+    for leftover in path.parent.glob(f".{path.name}.{os.getpid()}.tmp*") if path.parent.is_dir() else ():
+        leftover.unlink(missing_ok=True)
+    for leftover in path.parent.glob(f".{manifest_path(path).name}.{os.getpid()}.tmp") if path.parent.is_dir() else ():
+        leftover.unlink(missing_ok=True)
+    if path.exists() and not manifest_path(path).exists():
+        path.unlink(missing_ok=True)
+
+
+def _write(step, path: Path, params: dict, format: str, extra) -> None:
+    """The payload, then its manifest, each written atomically (see the module docstring)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{FORMATS[format]}")
     ms.save_checkpoint([{"name": n, "data": p} for n, p in params.items()], str(tmp), format=format)
     _fsync_file(tmp)
@@ -164,9 +192,6 @@ def save(step, path, *, format: str = "ckpt", keep: int | None = None, extra: di
         "extra": extra,
     }
     _write_json_atomic(manifest_path(path), manifest)
-    if keep is not None:
-        _prune(path.parent, keep)
-    return path
 
 
 def _version() -> str:

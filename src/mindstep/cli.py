@@ -86,10 +86,14 @@ def _cmd_train(args) -> int:
     if args.print_config:
         print(config.dump(cfg), end="")
         return 0
-    if args.nproc > 1:
-        from .dist.launch import Job, Launch
+    if args.max_restarts < 0 or args.restart_delay < 0:
+        print("mindstep train: --max-restarts and --restart-delay must be >= 0", file=sys.stderr)
+        return 2
+    if args.nproc > 1 or args.max_restarts:
+        from .dist.launch import Job
+        from .dist.restart import one_process
 
-        # every worker trains the config resolved here, not its own re-parse of the command line
+        # every worker (or restarted process) trains the config resolved here, not its own re-parse
         os.makedirs(args.out, exist_ok=True)
         resolved = os.path.join(args.out, "launch.yaml")
         with open(resolved, "w") as fh:
@@ -97,7 +101,11 @@ def _cmd_train(args) -> int:
         cmd = ["python", "-m", "mindstep", "train", "--config", resolved, "--out", args.out] + (
             ["--json", args.json] if args.json else []) + (["--resume"] if args.resume else []) + (
             ["--phase", args.phase] if args.phase else [])
-        return Launch(Job(cmd=cmd, nproc=args.nproc, log_dir=os.path.join(args.out, "logs"))).run()
+        if args.nproc > 1:
+            job = Job(cmd=cmd, nproc=args.nproc, log_dir=os.path.join(args.out, "logs"))
+            return _launch_with_restarts(job, args.max_restarts, args.restart_delay, 30.0)
+        return one_process(cmd[1:], args.max_restarts, args.restart_delay,
+                           lambda text: print(f"mindstep train: {text}", file=sys.stderr, flush=True))
     from .dist import context
     from .train import loop
 
@@ -132,7 +140,24 @@ def _cmd_launch(args) -> int:
     except ValueError as err:
         print(f"mindstep launch: {err}", file=sys.stderr)
         return 2
-    return Launch(job).run()
+    if args.max_restarts < 0 or args.restart_delay < 0 or args.grace < 0:
+        print("mindstep launch: --max-restarts, --restart-delay and --grace must be >= 0", file=sys.stderr)
+        return 2
+    return _launch_with_restarts(job, args.max_restarts, args.restart_delay, args.grace)
+
+
+def _launch_with_restarts(job, max_restarts: int, delay_s: float, grace_s: float) -> int:
+    """One `Launch` per attempt, restarted as `mindstep.dist.restart` decides."""
+    from .dist.launch import Launch
+    from .dist.restart import Ending, supervise
+
+    def attempt(number, env):
+        launch = Launch(job, env=env, grace_s=grace_s)
+        code = launch.run()
+        return launch.ending or Ending(code, None, f"exited with status {code}")
+
+    say = lambda text: print(f"mindstep launch: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    return supervise(attempt, max_restarts, delay_s, say)
 
 
 def _cmd_demo(args) -> int:
@@ -479,8 +504,15 @@ def _train_arguments(command) -> None:
     p.add_argument("--nproc", type=_positive, default=1, help="data-parallel workers (mindstep launch)")
     p.add_argument("--phase", help="run only this phase of a config with phases: (esrgan: pretrain, gan)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and stop")
+    _restart_arguments(p)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=3e-4 step.accumulate=4")
     p.set_defaults(func=_cmd_train)
+
+
+def _restart_arguments(p) -> None:
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="start the job again, resuming, when a worker dies or stops on SIGTERM, up to N times (default 0)")
+    p.add_argument("--restart-delay", type=float, default=1.0, metavar="S", help="seconds before a restart (default 1)")
 
 
 def _launch_arguments(command) -> None:
@@ -498,6 +530,9 @@ def _launch_arguments(command) -> None:
     p.add_argument("--log-dir", default="launch_logs", help="worker logs go here (default launch_logs)")
     p.add_argument("--cluster-timeout", type=_positive, default=60,
                    help="seconds to wait for every worker to join (default 60)")
+    _restart_arguments(p)
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds the workers get to save after the launcher passes them SIGTERM/SIGINT (default 30)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the Python command each worker runs")
     p.set_defaults(func=_cmd_launch)
 

@@ -7,7 +7,8 @@ leaves a record of how it ended, which msrun's own logs do not give reliably.
 A worker writes `rank<R>.pid` when it starts and `rank<R>.exit` (JSON: code, error) when it ends
 by returning, `sys.exit` or an exception; a worker killed by a signal leaves no `.exit`, which is
 how the launcher tells it died. msrun's scheduler runs the same command (and exits inside
-`init()`); it writes nothing.
+`init()`); it writes nothing. A single process supervised by `mindstep train --max-restarts` writes
+its record where `MINDSTEP_EXIT_RECORD` says.
 """
 from __future__ import annotations
 
@@ -40,9 +41,12 @@ def main(argv: list[str]) -> int:
     status_dir, cmd = argv[0], argv[1:]
     worker = os.environ.get("MS_ROLE") == "MS_WORKER"
     rank = os.environ.get("RANK_ID", os.environ.get("MS_NODE_ID", "x"))
+    # one process under `mindstep train --max-restarts` (mindstep.dist.restart): its record's path
+    record = os.environ.pop("MINDSTEP_EXIT_RECORD", None)
     if worker:
         with open(os.path.join(status_dir, f"rank{rank}.pid"), "w") as fh:
             fh.write(str(os.getpid()))
+        record = os.path.join(status_dir, f"rank{rank}.exit")
     kind, what, sys.argv = _target(cmd)
     code, error = 0, None
     try:
@@ -68,8 +72,8 @@ def main(argv: list[str]) -> int:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        if worker:
-            with open(os.path.join(status_dir, f"rank{rank}.exit"), "w") as fh:
+        if record is not None:
+            with open(record, "w") as fh:
                 json.dump({"code": code, "error": error}, fh)
     return code
 

@@ -142,8 +142,11 @@ class _Tail:
 
 
 class Launch:
-    def __init__(self, job: Job, out=sys.stdout, err=sys.stderr):
+    def __init__(self, job: Job, out=sys.stdout, err=sys.stderr, env: dict | None = None, grace_s: float = 30.0):
         self.job, self.out, self.err = job, out, err
+        self.env = dict(env or {})  # added to every worker's environment (a restart's MINDSTEP_RESUME=1)
+        self.grace_s = grace_s      # how long workers may take to save after a forwarded SIGTERM/SIGINT
+        self.ending = None          # how the attempt ended (mindstep.dist.restart.Ending)
         self.status_dir = os.path.join(job.log_dir, ".mindstep", f"node{job.node_rank}")
         self.tails = {r: _Tail(os.path.join(job.log_dir, f"worker_{r}.log")) for r in job.ranks}
         self.seen: dict[int, psutil.Process] = {}
@@ -210,8 +213,12 @@ class Launch:
         for rank in pids:
             record = self._exit_record(rank)
             if record is not None and record["code"] != 0:
+                from .restart import Ending
+
                 error = (record["error"] or "").strip().splitlines()
-                return rank, f"exited with status {record['code']}" + (f" ({error[0][:200]})" if error else "")
+                self.ending = Ending(record["code"], rank, f"exited with status {record['code']}"
+                                     + (f" ({error[-1][:200]})" if error else ""), record["error"])
+                return rank, self.ending.why
         now = time.monotonic()
         for rank, pid in pids.items():
             if _gone(pid) and self._exit_record(rank) is None:
@@ -222,7 +229,10 @@ class Launch:
         if rank is None or rank not in self.gone_at:
             first = min(self.gone_at.values())
             rank = min(r for r, t in self.gone_at.items() if t == first)
-        return rank, "was killed (it ended without returning: a signal such as SIGKILL, or os._exit)"
+        from .restart import Ending
+
+        self.ending = Ending(137, rank, "was killed (it ended without returning: a signal such as SIGKILL, or os._exit)")
+        return rank, self.ending.why
 
     def kill_all(self) -> None:
         """SIGTERM every process of the job on this node, then SIGKILL what is left after 3 s."""
@@ -266,7 +276,8 @@ class Launch:
         msrun_log = open(os.path.join(job.log_dir, f"msrun_node{job.node_rank}.log"), "wb")
         try:
             self.proc = subprocess.Popen(msrun_command(job, self.status_dir), stdout=msrun_log,
-                                         stderr=subprocess.STDOUT, env=_environment(), start_new_session=True)
+                                         stderr=subprocess.STDOUT, env={**_environment(), **self.env},
+                                         start_new_session=True)
             return self._watch(interrupted)
         finally:
             self.kill_all()
@@ -275,6 +286,37 @@ class Launch:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def _stop_gracefully(self, signum: int) -> int:
+        """The launcher was told to stop: the signal goes on to every worker (`mindstep.fit` finishes its
+        step, saves and exits), which get `grace_s` seconds before the job is killed. Returns the
+        workers' common exit status after SIGTERM (75 from `mindstep.fit`: saved, continue later; else
+    128 + the signal), 130 after SIGINT."""
+        from .restart import Ending
+
+        name = signal.Signals(signum).name
+        self._say(f"{name}{' (interrupted)' if signum == signal.SIGINT else ''}: passing it to every worker; "
+                  f"they save and exit (up to {self.grace_s:g} s)")
+        for pid in self._worker_pids().values():
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + self.grace_s
+        records = []
+        while time.monotonic() < deadline:
+            self._echo()
+            records = [self._exit_record(r) for r in self.job.ranks]
+            if all(r is not None for r in records) or all(_gone(p) for p in self._worker_pids().values()):
+                break
+            time.sleep(POLL_S)
+        codes = {r["code"] for r in records if r is not None}
+        if signum == signal.SIGINT:
+            code = 130
+        else:  # the workers' common status (75: mindstep.fit saved and wants to continue), else 128 + signal
+            code = codes.pop() if len(codes) == 1 and all(r is not None for r in records) else 128 + signum
+        self.ending = Ending(code, None, f"the launcher got {name}", interrupted=True)
+        return code
+
     def _watch(self, interrupted) -> int:
         job = self.job
         while True:
@@ -282,8 +324,7 @@ class Launch:
             self._track()
             self._echo()
             if interrupted:
-                self._say("interrupted: stopping every worker")
-                return 130
+                return self._stop_gracefully(interrupted[0])
             failed = self._failure()
             if failed is not None:
                 rank, why = failed

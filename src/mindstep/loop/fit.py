@@ -13,6 +13,7 @@ from ..dist import context as _dist
 from . import callbacks as _callbacks
 from . import data as _data
 from . import evaluate as _evaluate
+from . import faults as _faults
 from . import loggers as _loggers
 from .progress import Progress
 
@@ -30,6 +31,7 @@ class Loop:
         self.history: list = []
         self.stopped: str | None = None
         self.initial: dict | None = None
+        self.on_save_error = "raise"
 
     def request_stop(self, reason: str = "a callback asked to stop") -> None:
         """End the run after the current event (it still saves, evaluates and summarises)."""
@@ -42,7 +44,8 @@ class Loop:
 
 def fit(step, train_data, *, steps: int | None = None, epochs: int | None = None, eval_data=None, eval_fn=None,
         eval_every: int | None = None, out=None, save_every: int | None = None, keep: int = 3, resume=False,
-        callbacks=(), loggers=(), log_every: int = 20, progress: bool = True, config: dict | None = None) -> dict:
+        callbacks=(), loggers=(), log_every: int = 20, progress: bool = True, config: dict | None = None,
+        stop_signals=_faults.DEFAULT_SIGNALS, on_signal: str = "exit", on_save_error: str = "raise") -> dict:
     """Train `step` on `train_data`: log, evaluate, checkpoint, resume, call back, summarise.
 
     Args:
@@ -64,7 +67,8 @@ def fit(step, train_data, *, steps: int | None = None, epochs: int | None = None
             Needs `out`. Each checkpoint records the data position and the callbacks' state.
         keep: periodic checkpoints kept (the newest).
         resume: True continues from the newest complete checkpoint in ``out/ckpt`` (an error when
-            there is none), ``"auto"`` when there is one, False starts over (and overwrites).
+            there is none), ``"auto"`` when there is one, False starts over (and overwrites);
+            `MINDSTEP_RESUME=1` in the environment (set by the restarts) makes False "auto".
         callbacks: `mindstep.loop.Callback` instances or functions `fn(event, loop, value)`.
         loggers: trackers beyond the JSONL and CSV files: `mindstep.loop.TensorBoardLogger()`,
             `MLflowLogger()` or their names ``"tensorboard"``, ``"mlflow"``; rank 0 only.
@@ -72,6 +76,14 @@ def fit(step, train_data, *, steps: int | None = None, epochs: int | None = None
             device only then, so the loop does not wait for each step.
         progress: a progress bar on rank 0.
         config: what the loggers record as the run's config (default: the step's settings).
+        stop_signals: the signals that stop the run cleanly after the current step, with a
+            checkpoint (`mindstep.loop.faults`); add e.g. `signal.SIGUSR1`; () handles none.
+        on_signal: ``"exit"`` (after the save: exit 75 for SIGTERM and added signals, the launcher's
+            restarts continue the job; 130 for SIGINT) or ``"return"`` (return the summary, whose
+            ``stopped`` names the signal).
+        on_save_error: ``"raise"`` (a failed save raises `CheckpointError` naming the path; the
+            previous checkpoint stays the newest) or ``"warn"`` (warn, keep training, try again at
+            the next save).
 
     Returns:
         The summary: ``steps`` done, ``epochs`` begun, ``resumed_from``, ``samples_per_s`` (median
@@ -88,31 +100,50 @@ def fit(step, train_data, *, steps: int | None = None, epochs: int | None = None
         >>> fit(step, data, epochs=2, progress=False)["steps"]
         10
     """
-    _check(step, train_data, steps, epochs, eval_data, eval_fn, eval_every, out, save_every, keep, resume, log_every)
-    rank, world, main = _dist.rank(), _dist.world_size(), _dist.is_main()
-    source = _data.Source(train_data, rank=rank, world=world)
+    resume = _faults.resume_mode(resume)
+    _check(step, train_data, steps, epochs, eval_data, eval_fn, eval_every, out, save_every, keep, resume, log_every,
+           on_signal, on_save_error)
+    world = _dist.world_size()
+    source = _data.Source(train_data, rank=_dist.rank(), world=world)
     cbs = _callbacks.as_callbacks(callbacks)
     loop = Loop(step, out)
+    loop.on_save_error = on_save_error
     resumed = _resume(loop, cbs, resume)
-    logs = _open_loggers(loop, loggers, resumed, config, main)
-    evaluate = _evaluator(step, eval_fn, eval_data, world)
+    logs = _open_loggers(loop, loggers, resumed, config, _dist.is_main())
+    with _faults.StopSignals(stop_signals) as signals:
+        summary = _run(loop, source, cbs, logs, _evaluator(step, eval_fn, eval_data, world), signals, resumed,
+                       dict(steps=steps, epochs=epochs, eval_every=eval_every, save_every=save_every, keep=keep,
+                            log_every=log_every, progress=progress and _dist.is_main()))
+    if signals.agreed is not None:
+        _faults.StopSignals.barrier(world)  # no rank leaves before rank 0's checkpoint is complete
+        if on_signal == "exit":
+            raise SystemExit(_faults.exit_code(signals.agreed))
+    return summary
+
+
+def _run(loop, source, cbs, logs, evaluate, signals, resumed, settings) -> dict:
+    """Train, summarise, tell the callbacks and loggers; the data and the loggers closed whatever happens."""
     try:
-        trained = _train(loop, source, cbs, logs, evaluate, steps=steps, epochs=epochs, eval_every=eval_every,
-                         save_every=save_every, keep=keep, log_every=log_every, progress=progress and main)
+        trained = _train(loop, source, cbs, logs, evaluate, signals, **settings)
         summary = _summary(loop, trained, resumed)
         for cb in cbs:
             cb.on_end(loop, summary)
         for lg in logs:
             lg.log_summary(summary)
+        return summary
     finally:
         source.close()
         for lg in logs:
             lg.close()
-    return summary
 
 
-def _check(step, train_data, steps, epochs, eval_data, eval_fn, eval_every, out, save_every, keep, resume, log_every):
+def _check(step, train_data, steps, epochs, eval_data, eval_fn, eval_every, out, save_every, keep, resume, log_every,
+           on_signal, on_save_error):
     """Every argument, on the host, before anything runs."""
+    for name, value, valid in (("on_signal", on_signal, ("exit", "return")),
+                               ("on_save_error", on_save_error, ("raise", "warn"))):
+        if value not in valid:
+            raise bad_value(name, value, " or ".join(repr(v) for v in valid), f"Pass {name}={valid[0]!r}.")
     if not (callable(step) and hasattr(step, "save") and hasattr(step, "graph")):
         raise bad_type("step", step, "a mindstep.TrainStep or mindstep.GANStep",
                        "Build one, e.g. step = mindstep.TrainStep.from_net(net, loss_fn, optimizer).")
@@ -170,6 +201,9 @@ def _resume(loop, cbs, resume) -> int | None:
                          f"{[type(cb).__name__ for cb in cbs]}; pass the same callbacks to resume")
     for state, cb in zip(states, cbs):
         cb.load_state_dict(state["state"])
+    if _dist.is_main():
+        print(f"mindstep.fit: resuming from {path}: {loop.done} batches done (epoch {loop.epoch}, "
+              f"batch {loop.index} of it)", flush=True)
     return loop.done
 
 
@@ -224,7 +258,15 @@ def _run_eval(loop, cbs, logs, evaluate) -> dict:
 def _save(loop, cbs, keep) -> str | None:
     extra = {"loop": {**loop.position(), "initial": loop.initial,
                       "callbacks": [{"type": type(cb).__name__, "state": cb.state_dict()} for cb in cbs]}}
-    path = loop.step.save(_ckpt_dir(loop) / f"batch-{loop.done:07d}.ckpt", keep=keep, extra=extra)
+    try:
+        path = loop.step.save(_ckpt_dir(loop) / f"batch-{loop.done:07d}.ckpt", keep=keep, extra=extra)
+    except _checkpoint.CheckpointError as err:
+        if loop.on_save_error == "raise":
+            raise
+        import warnings
+
+        warnings.warn(f"{err} Training goes on (on_save_error='warn').", _checkpoint.CheckpointWarning, stacklevel=3)
+        return None
     for cb in cbs:
         cb.on_save(loop, path)
     return None if path is None else str(path)
@@ -249,7 +291,7 @@ def _rows(args) -> int:
     return int(shape[0]) if shape else 0
 
 
-def _train(loop, source, cbs, logs, evaluate, *, steps, epochs, eval_every, save_every, keep, log_every,
+def _train(loop, source, cbs, logs, evaluate, signals, *, steps, epochs, eval_every, save_every, keep, log_every,
            progress) -> dict:
     """The batches from the loop's position on: stepped, logged, evaluated and saved."""
     world = _dist.world_size()
@@ -298,6 +340,9 @@ def _train(loop, source, cbs, logs, evaluate, *, steps, epochs, eval_every, save
                 last_eval = loop.done
             if loop.out is not None and save_every and loop.done % save_every == 0:
                 ckpt, last_save = _save(loop, cbs, keep) or ckpt, loop.done
+            if signals.should_stop(loop.done, world, log_every):
+                loop.request_stop(f"signal {_signal_name(signals.agreed)}")
+                last_eval = loop.done  # no evaluation on the way out: a preempted job has seconds
     finally:
         bar.close()
     if metrics is not None:
@@ -313,6 +358,15 @@ def _train(loop, source, cbs, logs, evaluate, *, steps, epochs, eval_every, save
         latest = _checkpoint.latest(_ckpt_dir(loop))
         ckpt = None if latest is None else str(latest)
     return {"wait": wait, "busy": busy, "loss": loss, "ckpt": ckpt}
+
+
+def _signal_name(signum) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 def _summary(loop, trained, resumed) -> dict:
