@@ -216,13 +216,13 @@ class StepMethods:
         """
         return _checkpoint.save(self, path, format=format, keep=keep, extra=extra)
 
-    def load(self, path, *, strict: bool = True) -> dict:
+    def load(self, path, *, strict: bool = True, elastic: bool = False) -> dict:
         """Load a checkpoint into this step in place (`mindstep.checkpoint.load`); returns its manifest.
 
         Example:
             `step.load(mindstep.checkpoint.latest("runs/ckpt"))`.
         """
-        return _checkpoint.load(self, path, strict=strict)
+        return _checkpoint.load(self, path, strict=strict, elastic=elastic)
 
     def _fusion(self):
         """The block the pass, the compiles and the calls run in (`mindstep.optimize.fusion`)."""

@@ -309,13 +309,23 @@ def _prune(folder: Path, keep: int) -> None:
         payload.unlink(missing_ok=True)
 
 
-def _differences(step, manifest: dict, params: dict) -> tuple[list, list]:
-    """(problems, names that fit) between the step and a checkpoint's manifest."""
+def _window_state(step, name: str) -> bool:
+    """Whether `name` is part of the accumulation window's state (accumulators, weight, position)."""
+    prefix = getattr(step, "name", "mindstep")
+    return name.startswith(f"{prefix}.acc.") or name in (f"{prefix}.acc_weight", f"{prefix}.micro")
+
+
+def _differences(step, manifest: dict, params: dict, elastic: bool = False) -> tuple[list, list]:
+    """(problems, names that fit) between the step and a checkpoint's manifest; `elastic` leaves
+    the accumulation setting and the window's state out of the comparison."""
     problems = []
     mine, theirs = step.settings(), manifest.get("settings", {})
     for key in getattr(step, "STRUCTURAL", STRUCTURAL):
-        if mine.get(key) != theirs.get(key):
+        if mine.get(key) != theirs.get(key) and not (elastic and key == "accumulate"):
             problems.append(f"setting {key}: the step has {mine.get(key)!r}, the checkpoint {theirs.get(key)!r}")
+    if elastic:
+        params = {n: p for n, p in params.items() if not _window_state(step, n)}
+        manifest = {**manifest, "tensors": [t for t in manifest["tensors"] if not _window_state(step, t["name"])]}
     saved = {t["name"]: t for t in manifest["tensors"]}
     missing = [n for n in params if n not in saved]
     unexpected = [n for n in saved if n not in params]
@@ -339,7 +349,7 @@ def _names(names: list, limit: int = 8) -> str:
     return ", ".join(repr(n) for n in names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def load(step, path, *, strict: bool = True) -> dict:
+def load(step, path, *, strict: bool = True, elastic: bool = False) -> dict:
     """Load a checkpoint saved by `save` into `step`, in place; returns its manifest.
 
     Args:
@@ -349,6 +359,11 @@ def load(step, path, *, strict: bool = True) -> dict:
             or dtypes, another accumulate/normalize/EMA/loss-scale/on_nonfinite setting) with one
             `CheckpointError` listing every difference; with False, load what fits and warn
             naming what was skipped.
+        elastic: the step may accumulate over another number of micro-batches than the saved one
+            (`mindstep.fit` resuming on another number of ranks keeps the global batch by changing
+            `accumulate`): the accumulation setting and the window's state are not compared, and
+            the checkpoint must have been taken at an update boundary (its window empty), else
+            `CheckpointError`. The step's own window starts empty.
 
     Example:
         `step.load(mindstep.checkpoint.latest("runs/ckpt"))` before or after the first call.
@@ -361,14 +376,23 @@ def load(step, path, *, strict: bool = True) -> dict:
     path = _payload(path)
     manifest = read_manifest(path)
     params = state(step)
-    problems, fits = _differences(step, manifest, params)
+    problems, fits = _differences(step, manifest, params, elastic)
+    values = None
+    if elastic:
+        values = ms.load_checkpoint(str(path), format=manifest["payload"]["format"])
+        micro = values.get(f"{getattr(step, 'name', 'mindstep')}.micro")
+        if micro is not None and int(micro.asnumpy()) != 0:
+            raise CheckpointError(f"the checkpoint {path} was taken {int(micro.asnumpy())} micro-batch(es) into an "
+                                  "accumulation window, so it cannot resume with another accumulate; resume from a "
+                                  "checkpoint taken at an update boundary (save_every a multiple of accumulate)")
     if problems and strict:
         raise CheckpointError(f"the checkpoint {path} does not fit this step:\n  - " + "\n  - ".join(problems)
                               + "\nBuild the step as it was saved, or load(..., strict=False) to load what fits.")
     if problems:
         warnings.warn(f"loaded {len(fits)} of {len(params)} tensors from {path}; skipped:\n  - "
                       + "\n  - ".join(problems), CheckpointWarning, stacklevel=3)
-    values = ms.load_checkpoint(str(path), format=manifest["payload"]["format"])
+    if values is None:
+        values = ms.load_checkpoint(str(path), format=manifest["payload"]["format"])
     for name in fits:
         ops.assign(params[name], values[name])
     step.resync()

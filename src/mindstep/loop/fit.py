@@ -108,7 +108,7 @@ def fit(step, train_data, *, steps: int | None = None, epochs: int | None = None
     cbs = _callbacks.as_callbacks(callbacks)
     loop = Loop(step, out)
     loop.on_save_error = on_save_error
-    resumed = _resume(loop, cbs, resume)
+    resumed = _resume(loop, cbs, resume, source)
     logs = _open_loggers(loop, loggers, resumed, config, _dist.is_main())
     with _faults.StopSignals(stop_signals) as signals:
         summary = _run(loop, source, cbs, logs, _evaluator(step, eval_fn, eval_data, world), signals, resumed,
@@ -177,7 +177,7 @@ def _ckpt_dir(loop) -> Path:
     return Path(loop.out) / "ckpt"
 
 
-def _resume(loop, cbs, resume) -> int | None:
+def _resume(loop, cbs, resume, source) -> int | None:
     """Load the newest complete checkpoint (resume True or "auto" with one); returns the step calls
     it had done, or None when the run starts over."""
     if not resume:
@@ -188,12 +188,16 @@ def _resume(loop, cbs, resume) -> int | None:
             return None
         raise ValueError(f"resume=True: no complete checkpoint in {_ckpt_dir(loop)}; pass resume='auto' to start "
                          "when there is none, or resume=False")
-    manifest = loop.step.load(path)
-    saved = (manifest.get("extra") or {}).get("loop")
+    saved = (_checkpoint.read_manifest(path).get("extra") or {}).get("loop")
     if saved is None:
         raise ValueError(f"{path} was not written by mindstep.fit (its manifest has no loop position); resume from a "
                          "checkpoint of fit's out/ckpt, or load it with step.load() and start fit without resume")
-    loop.done, loop.epoch, loop.index = int(saved["done"]), int(saved["epoch"]), int(saved["index"])
+    world = _dist.world_size()
+    if int(saved.get("world", 1)) != world:
+        _elastic_position(loop, saved, path, source, world)
+    else:
+        loop.step.load(path)
+        loop.done, loop.epoch, loop.index = int(saved["done"]), int(saved["epoch"]), int(saved["index"])
     loop.initial = saved.get("initial")
     states = saved.get("callbacks", [])
     if len(states) != len(cbs) or any(s["type"] != type(cb).__name__ for s, cb in zip(states, cbs)):
@@ -205,6 +209,39 @@ def _resume(loop, cbs, resume) -> int | None:
         print(f"mindstep.fit: resuming from {path}: {loop.done} batches done (epoch {loop.epoch}, "
               f"batch {loop.index} of it)", flush=True)
     return loop.done
+
+
+def _elastic_position(loop, saved: dict, path, source, world: int) -> None:
+    """Resume a checkpoint written by another number of ranks: the same global batch per update
+    (ranks x accumulate), and the next batch the same one, with the batches dealt rank r = batch r
+    of every W (what fit does with every kind but a sharded Dataset, whose sample order depends on
+    the number of shards)."""
+    old_world, old_acc = int(saved.get("world", 1)), int(saved.get("accumulate", 1))
+    acc = int(getattr(loop.step, "accumulate", 1))
+    if old_world * old_acc != world * acc:
+        fix = (f"build the step with accumulate={old_world * old_acc // world}" if old_world * old_acc % world == 0
+               else f"use a number of ranks that divides {old_world * old_acc}")
+        raise ValueError(f"{path} was written by {old_world} rank(s) with accumulate={old_acc}: {old_world * old_acc} "
+                         f"batches per update. On {world} rank(s) with accumulate={acc} an update would take "
+                         f"{world * acc}: {fix} to keep the global batch")
+    kind = source.kind
+    if kind == "callable" and _data.is_dataset(source.data(int(saved["epoch"]))):
+        kind = "dataset"
+    if kind == "dataset":
+        raise ValueError(f"{path} was written by {old_world} rank(s) and this job has {world}: a sharded "
+                         "mindspore Dataset orders its samples by the number of shards, so its position cannot be "
+                         "carried over; resume on the same number of ranks, or give fit a sequence or a callable "
+                         "returning batches, which it deals to the ranks itself")
+    consumed = int(saved["index"]) * old_world  # batches of the epoch that all ranks have taken
+    if consumed % world or int(saved["done"]) * old_world % world:
+        raise ValueError(f"{path}: {consumed} batches of epoch {saved['epoch']} cannot be split over {world} ranks; "
+                         "resume from a checkpoint at a multiple of the ranks")
+    loop.step.load(path, elastic=True)
+    loop.done, loop.epoch, loop.index = int(saved["done"]) * old_world // world, int(saved["epoch"]), consumed // world
+    if _dist.is_main():
+        print(f"mindstep.fit: {path} was written by {old_world} rank(s) with accumulate={old_acc}; this job has "
+              f"{world} with accumulate={acc}: the same {world * acc} batches per update, continuing at batch "
+              f"{consumed} of epoch {loop.epoch}", flush=True)
 
 
 def _open_loggers(loop, loggers, resumed, config, main) -> list:
@@ -256,7 +293,8 @@ def _run_eval(loop, cbs, logs, evaluate) -> dict:
 
 
 def _save(loop, cbs, keep) -> str | None:
-    extra = {"loop": {**loop.position(), "initial": loop.initial,
+    extra = {"loop": {**loop.position(), "initial": loop.initial, "world": _dist.world_size(),
+                      "accumulate": int(getattr(loop.step, "accumulate", 1)),
                       "callbacks": [{"type": type(cb).__name__, "state": cb.state_dict()} for cb in cbs]}}
     try:
         path = loop.step.save(_ckpt_dir(loop) / f"batch-{loop.done:07d}.ckpt", keep=keep, extra=extra)
