@@ -212,7 +212,7 @@ def test_one_process_killed_twice_restarts_by_itself_to_the_uninterrupted_result
             deadline = time.time() + 240
             while not (out / "ckpt" / marker).exists() and time.time() < deadline and job.poll() is None:
                 time.sleep(0.01)
-            for p in psutil.Process(job.pid).children(recursive=True):
+            for p in psutil.Process(job.pid).children():  # the supervised process, not its data workers
                 if "mindstep.dist._run" in " ".join(p.cmdline()):
                     p.kill()  # SIGKILL, as the OOM killer would
                     kills.append(marker)
@@ -228,3 +228,21 @@ def test_one_process_killed_twice_restarts_by_itself_to_the_uninterrupted_result
     full = mindstep.checkpoint.read_manifest(tmp_path / "full" / "ckpt" / "batch-0000016.ckpt")
     again = mindstep.checkpoint.read_manifest(out / "ckpt" / "batch-0000016.ckpt")
     assert full["payload"]["sha256"] == again["payload"]["sha256"]
+
+
+def test_restarts_stop_after_n_naming_the_last_cause_and_set_resume_on_restarts():
+    from mindstep.dist.restart import supervise
+
+    said, envs = [], []
+
+    def attempt(number, env):
+        envs.append(env)
+        return Ending(137, number % 2, "was killed")
+
+    assert supervise(attempt, 2, 0.0, said.append) == 137
+    assert envs == [{}, {"MINDSTEP_RESUME": "1"}, {"MINDSTEP_RESUME": "1"}]
+    assert said[-1] == "gave up after 2 restart(s); the last cause: rank 0 was killed"
+    assert said[0].startswith("restart 1 of 2 in 0 s: rank 0 was killed")
+    said.clear()
+    assert supervise(lambda n, env: Ending(1, 0, "exited with status 1", "KeyError: 'x'"), 5, 0.0, said.append) == 1
+    assert len(said) == 2 and said[1].startswith("not restarting: rank 0 raised the same exception in two attempts")

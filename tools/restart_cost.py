@@ -33,7 +33,7 @@ def once(recipe: str, steps: int) -> tuple[float, float]:
         if job.poll() is not None:
             raise SystemExit(f"the run ended before its checkpoint at 50:\n{job.stdout.read()[-2000:]}")
         time.sleep(0.005)
-    (worker,) = [p for p in psutil.Process(job.pid).children(recursive=True)
+    (worker,) = [p for p in psutil.Process(job.pid).children()
                  if "mindstep.dist._run" in " ".join(p.cmdline())]
     worker.kill()
     killed = time.perf_counter()
