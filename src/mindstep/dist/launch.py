@@ -7,7 +7,9 @@ fail, an exception 45 s, both waiting for the scheduler's heartbeat timeout):
 - every worker's output on this terminal, each line prefixed with its rank;
 - the moment a worker ends badly (an exception, a non-zero exit, or a signal such as SIGKILL),
   every process of the job on this node is killed and the launcher exits non-zero, naming the
-  rank and its last log lines, without waiting for msrun's timeouts; Ctrl-C does the same;
+  rank and its last log lines, without waiting for msrun's timeouts;
+- Ctrl-C or SIGTERM to the launcher is passed on to the workers, which get `grace_s` seconds to
+  save (`mindstep.fit` does) before the job is stopped; restarts are `mindstep.dist.restart`'s;
 - the same command line on several nodes (`--nnodes`, `--node-rank`, `--master-addr`,
   `--master-port`); a node with rank > 0 never starts msrun's scheduler, also when the master's
   address is this machine's (msrun decides by address, so two "nodes" on one machine would both
