@@ -246,3 +246,19 @@ def test_restarts_stop_after_n_naming_the_last_cause_and_set_resume_on_restarts(
     said.clear()
     assert supervise(lambda n, env: Ending(1, 0, "exited with status 1", "KeyError: 'x'"), 5, 0.0, said.append) == 1
     assert len(said) == 2 and said[1].startswith("not restarting: rank 0 raised the same exception in two attempts")
+
+
+def test_a_killed_supervisor_leaves_no_training_running(tmp_path):
+    code = ("import sys; from mindstep.dist.restart import one_process; "
+            "sys.exit(one_process(['-c', 'import time; time.sleep(120)'], 1, 0.0))")
+    supervisor = subprocess.Popen([sys.executable, "-c", code], cwd=str(tmp_path))
+    deadline = time.time() + 60
+    children = []
+    while not children and time.time() < deadline:
+        children = [p for p in psutil.Process(supervisor.pid).children() if "mindstep.dist._run" in " ".join(p.cmdline())]
+        time.sleep(0.05)
+    assert children
+    supervisor.kill()
+    supervisor.wait()
+    gone, alive = psutil.wait_procs(children, timeout=10)  # SIGTERMed by the kernel when its parent died
+    assert not alive

@@ -54,7 +54,11 @@ def once(recipe: str, steps: int) -> tuple[float, float]:
         if truncated and any(r.get("batch") == 51 and "loss" in r for r in batches):
             trained_at = time.perf_counter() - killed
         time.sleep(0.005)
-    job.kill()
+    for p in psutil.Process(job.pid).children(recursive=True) + [psutil.Process(job.pid)]:
+        try:
+            p.kill()  # the restarted training too, not only its supervisor
+        except psutil.Error:
+            pass
     job.wait()
     return resumed_at, trained_at
 

@@ -87,16 +87,37 @@ def one_process(cmd: list, max_restarts: int, delay_s: float, say=None) -> int:
     def attempt(number, extra_env):
         record = os.path.join(status_dir, f"attempt{number}.exit")
         env = {**os.environ, **extra_env, "MINDSTEP_EXIT_RECORD": record}
-        child = subprocess.Popen([sys.executable, "-m", "mindstep.dist._run", status_dir, *cmd], env=env)
+        child = subprocess.Popen([sys.executable, "-m", "mindstep.dist._run", status_dir, *cmd], env=env,
+                                 preexec_fn=_stop_with_parent if sys.platform.startswith("linux") else None)
+        told = []  # SIGTERM or SIGINT to this supervisor: passed on, and the job is not restarted
+
+        def pass_on(signum, frame):
+            told.append(signum)
+            child.send_signal(signum)
+
+        previous = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             code = child.wait()
-        except KeyboardInterrupt:
-            child.send_signal(signal.SIGINT)
-            code = child.wait()
-            return Ending(130, None, "interrupted")
-        return ending_of(code, record)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        ending = ending_of(code, record)
+        if told:
+            ending.interrupted, ending.why = True, f"the supervisor got {signal.Signals(told[0]).name}"
+        return ending
 
     return supervise(attempt, max_restarts, delay_s, say)
+
+
+def _stop_with_parent() -> None:
+    """In the child, before it runs: SIGTERM it when its supervisor dies (Linux `PR_SET_PDEATHSIG`),
+    so a killed supervisor leaves no training running on (it saves and exits as on any SIGTERM)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def ending_of(code: int, record_path: str, rank: int | None = None) -> Ending:
