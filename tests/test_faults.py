@@ -41,7 +41,7 @@ def _run(cmd, cwd, timeout=300):
     return done
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per test process, also if xdist interleaves other modules' tests
 def jobs(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("faults"))
     logs = ["--log-dir", os.path.join(out, "logs")]

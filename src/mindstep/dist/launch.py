@@ -36,6 +36,7 @@ import psutil
 TIMEOUTS = {"MS_NODE_TIMEOUT": "10", "MS_CPU_COMM_OP_TIMEOUT": "5"}
 _MSRUN_FAILED = re.compile(r"Worker process (\d+) exit with exception")
 POLL_S = 0.2
+MSRUN_DONE_S = 1.0  # how long msrun may take to end by itself after every worker finished
 TAIL_LINES = 20
 # msrun's scheduler start is skipped on nodes other than 0 (see the module docstring)
 _NO_SCHEDULER = ("import sys; from mindspore.parallel.cluster.process_entity import _api; "
@@ -236,8 +237,8 @@ class Launch:
         self.ending = Ending(137, rank, "was killed (it ended without returning: a signal such as SIGKILL, or os._exit)")
         return rank, self.ending.why
 
-    def kill_all(self) -> None:
-        """SIGTERM every process of the job on this node, then SIGKILL what is left after 3 s."""
+    def kill_all(self, patience_s: float = 3.0) -> None:
+        """SIGTERM every process of the job on this node, then SIGKILL what is left after `patience_s`."""
         if self.proc is not None and self.proc.poll() is None:
             self._track()
         procs = [p for p in self.seen.values() if p.pid != os.getpid()]
@@ -251,7 +252,7 @@ class Launch:
                     p.send_signal(sig)
                 except psutil.Error:
                     pass
-            _, alive = psutil.wait_procs(procs, timeout=3)
+            _, alive = psutil.wait_procs(procs, timeout=patience_s)
             if not alive:
                 break
             procs = alive
@@ -281,8 +282,8 @@ class Launch:
                                          stderr=subprocess.STDOUT, env={**_environment(), **self.env},
                                          start_new_session=True)
             return self._watch(interrupted)
-        finally:
-            self.kill_all()
+        finally:  # after a clean finish only msrun's own processes are left: they get less patience
+            self.kill_all(0.5 if self.ending is None and self._all_finished() else 3.0)
             self._echo(final=True)
             msrun_log.close()
             for sig, handler in previous.items():
@@ -319,6 +320,9 @@ class Launch:
         self.ending = Ending(code, None, f"the launcher got {name}", interrupted=True)
         return code
 
+    def _all_finished(self) -> bool:
+        return all((r := self._exit_record(rank)) is not None and r["code"] == 0 for rank in self.job.ranks)
+
     def _watch(self, interrupted) -> int:
         job = self.job
         while True:
@@ -337,8 +341,9 @@ class Launch:
                 return 1
             done = [self._exit_record(r) for r in job.ranks]
             if all(d is not None and d["code"] == 0 for d in done):
-                try:
-                    self.proc.wait(timeout=30)  # the scheduler and msrun end once the workers have
+                try:  # every worker has finished: msrun and its scheduler have nothing left to do (they
+                    # took ~6 s more to notice on one CPU; what is left of them is stopped in run())
+                    self.proc.wait(timeout=MSRUN_DONE_S)
                 except subprocess.TimeoutExpired:
                     pass
                 return 0
