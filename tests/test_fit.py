@@ -8,7 +8,6 @@ Tiny networks, one process for the whole module.
 import csv
 import glob
 import json
-import struct
 import warnings
 
 import numpy as np
@@ -21,6 +20,7 @@ from mindspore import nn
 import mindstep
 from mindstep.loop import (BestCheckpoint, Callback, EarlyStopping, Mean, ReduceLROnPlateau, ResumeWarning,
                            classification)
+from mindstep.loop.loggers import read_scalars
 
 pytestmark = pytest.mark.xdist_group("fit")
 RNG = np.random.default_rng(0)
@@ -169,19 +169,6 @@ def test_best_checkpoint_keeps_the_k_best_by_the_metric(tmp_path):
     assert mindstep.checkpoint.read_manifest(cb.best_path())["extra"]["value"] == 0.9
 
 
-def _events(path):
-    from tensorboardX.proto import event_pb2
-
-    with open(path, "rb") as fh:
-        data, i = fh.read(), 0
-    while i < len(data):
-        n = struct.unpack("<Q", data[i:i + 8])[0]
-        event = event_pb2.Event()
-        event.ParseFromString(data[i + 12:i + 12 + n])
-        i += 12 + n + 4
-        yield event
-
-
 def test_tensorboard_and_mlflow_hold_every_logged_value(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -191,8 +178,8 @@ def test_tensorboard_and_mlflow_hold_every_logged_value(tmp_path):
     expected = {(f"train/{k}", r["batch"]) for r in logged if "eval" not in r for k, v in r.items()
                 if k != "batch" and v is not None}
     expected |= {(f"eval/{k}", r["batch"]) for r in logged if "eval" in r for k in r["eval"]}
-    (event_file,) = glob.glob(str(tmp_path / "tb" / "*"))
-    tb = {(v.tag, e.step) for e in _events(event_file) for v in e.summary.value}
+    assert len(glob.glob(str(tmp_path / "tb" / "*"))) == 1
+    tb = set(read_scalars(tmp_path / "tb"))
     assert expected <= tb and ("summary/final_loss", 0) in tb
     client = MlflowClient("file:" + str(tmp_path / "mlruns"))
     run_id = (tmp_path / "mlflow_run_id").read_text()
@@ -201,6 +188,12 @@ def test_tensorboard_and_mlflow_hold_every_logged_value(tmp_path):
     ml = {(k, m.step) for k in run.data.metrics if not k.startswith("summary/")
           for m in client.get_metric_history(run_id, k)}
     assert expected == ml
+    # a fresh run into the same folder starts every log over: the files, and a new MLflow run
+    mindstep.fit(make(), BATCHES[:2], epochs=1, out=tmp_path, log_every=1, progress=False,
+                 loggers=["mlflow", mindstep.loop.JSONLLogger("mine.jsonl")])
+    assert (tmp_path / "mlflow_run_id").read_text() != run_id
+    for name in ("metrics.jsonl", "mine.jsonl"):
+        assert [json.loads(line)["batch"] for line in (tmp_path / name).read_text().splitlines()] == [1, 2]
 
 
 def test_mean_metrics_are_weighted_by_samples_and_plain_values_by_rank(monkeypatch):

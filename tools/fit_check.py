@@ -17,23 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import struct
 import tempfile
 import time
 
 
 def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            info = fh.read()
-        model = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
-        flags = next(line for line in info.splitlines() if line.startswith("flags")).split()
-        simd = [f for f in ("avx2", "fma", "avx512f", "amx_tile") if f in flags]
-        return f"{model} ({os.cpu_count()} cores; {', '.join(simd)})"
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+    from mindstep import _cpu as cpu
+
+    return cpu.summary(cpu.describe())
 
 
 def overhead(repeat: int) -> None:
@@ -72,20 +64,6 @@ def overhead(repeat: int) -> None:
     print(f"fit / bare: median {statistics.median(ratios):.3f} (per repeat: {', '.join(f'{q:.3f}' for q in ratios)})")
 
 
-def _events(path):
-    from tensorboardX.proto import event_pb2
-
-    with open(path, "rb") as fh:
-        data = fh.read()
-    i = 0
-    while i < len(data):
-        n = struct.unpack("<Q", data[i:i + 8])[0]
-        event = event_pb2.Event()
-        event.ParseFromString(data[i + 12:i + 12 + n])
-        i += 12 + n + 4
-        yield event
-
-
 def bert() -> None:
     import numpy as np
     import mindspore as ms
@@ -93,6 +71,7 @@ def bert() -> None:
 
     import mindstep
     from mindstep.loop import Callback, ReduceLROnPlateau, loss
+    from mindstep.loop.loggers import read_scalars
     from mindstep.models import BertMLM, MLMLoss
 
     rng = np.random.default_rng(0)
@@ -118,8 +97,7 @@ def bert() -> None:
     expected = {(f"train/{k}", r["batch"]) for r in logged if "eval" not in r for k, v in r.items()
                 if k != "batch" and v is not None}
     expected |= {(f"eval/{k}", r["batch"]) for r in logged if "eval" in r for k in r["eval"]}
-    (event_file,) = [os.path.join(out, "tb", f) for f in os.listdir(os.path.join(out, "tb"))]
-    tb = {(v.tag, e.step) for e in _events(event_file) for v in e.summary.value}
+    tb = set(read_scalars(os.path.join(out, "tb")))
     print(f"CPU: {_cpu()}; MindSpore {ms.__version__}; {summary['steps']} batches in {wall:.1f} s")
     print(f"held-out loss {summary['eval']['loss_initial']:.4f} -> {summary['eval']['loss']:.4f}; "
           f"LR reductions (batch, total factor): {[(r['batch'], r['factor']) for r in plateau.reductions]}")

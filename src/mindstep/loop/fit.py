@@ -252,14 +252,8 @@ def _open_loggers(loop, loggers, resumed, config, main) -> list:
     logs = ([_loggers.JSONLLogger(), _loggers.CSVLogger()] if loop.out is not None else []) + extra
     if loop.out is not None:
         os.makedirs(loop.out, exist_ok=True)
-        if resumed is None:  # a fresh run: the files start empty
-            for name in ("metrics.jsonl", "metrics.csv"):
-                if os.path.exists(os.path.join(loop.out, name)):
-                    os.remove(os.path.join(loop.out, name))
     for lg in logs:
-        lg.open(loop.out)
-        if resumed is not None:
-            lg.truncate(resumed)
+        lg.open(loop.out, resumed)
         lg.log_config(config if config is not None else loop.step.settings())
     return logs
 

@@ -8,10 +8,12 @@ summary go. They write on rank 0 only (the other ranks' loggers are not called).
 - `MLflowLogger` (MLflow's tracking API; by default its local file store ``<out>/mlruns``;
   ``pip install "mindstep[mlflow]"``).
 
-Each takes the config once (`log_config`), then `log(kind, batch, values)` with kind ``"train"``
-or ``"eval"``, then `log_summary` and `close`. A resumed run first calls `truncate(batch)`: what
-was logged after the checkpoint it resumes from is dropped (the file loggers rewrite their files;
-TensorBoard purges the later events), so the logs read as one uninterrupted run.
+Each is opened with the run's folder and, for a resumed run, the batch it resumes from (`open(out,
+resumed)`): what was logged after that checkpoint is dropped (the file loggers rewrite their files,
+TensorBoard purges the later events, MLflow continues the same run), so the logs read as one
+uninterrupted run; a fresh run starts its files over and a new MLflow run. Then the config once
+(`log_config`), `log(kind, batch, values)` with kind ``"train"`` or ``"eval"``, `log_summary`, `close`.
+`read_scalars(logdir)` reads TensorBoard's event files back without TensorBoard.
 """
 from __future__ import annotations
 
@@ -35,11 +37,10 @@ def _numbers(values: dict) -> dict:
 class Logger:
     """The interface; every method does nothing by default."""
 
-    def open(self, out: str | None) -> None:
-        """Called once with `fit`'s `out` folder (None when it has none)."""
-
-    def truncate(self, batch: int) -> None:
-        """Drop what was logged after `batch` (a resume)."""
+    def open(self, out: str | None, resumed: int | None) -> None:
+        """Called once with `fit`'s `out` folder (None when it has none) and, for a resumed run, the
+        batch it resumes from: what was logged after it is dropped; None: a fresh run, which starts
+        its logs over."""
 
     def log_config(self, config: dict) -> None: ...
 
@@ -50,78 +51,70 @@ class Logger:
     def close(self) -> None: ...
 
 
-class JSONLLogger(Logger):
+class _FileLogger(Logger):
+    """A line-per-record file in `out`: emptied by a fresh run, cut back to the resumed batch by a
+    resumed one (its `header` line kept), then appended to."""
+
+    header: str | None = None
+
+    def __init__(self, name: str):
+        self.name, self.path, self.fh = name, None, None
+
+    def _batch(self, line: str) -> int:
+        """The batch a record line was logged at."""
+        raise NotImplementedError
+
+    def open(self, out, resumed):
+        if out is None:
+            raise ValueError(f"{type(self).__name__} writes into fit's out folder; pass fit(..., out=FOLDER)")
+        self.path = os.path.join(out, self.name)
+        lines = []
+        if resumed is not None and os.path.exists(self.path):
+            with open(self.path, newline="") as fh:
+                lines = fh.readlines()[1 if self.header else 0:]
+        with open(self.path, "w", newline="") as fh:
+            fh.write(self.header or "")
+            fh.writelines(line for line in lines if self._batch(line) <= resumed)
+        self.fh = open(self.path, "a", newline="")
+
+    def close(self):
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+class JSONLLogger(_FileLogger):
     """``metrics.jsonl``: ``{"batch": N, <train values>}`` per log, ``{"batch": N, "eval": {...}}``
     per evaluation."""
 
     def __init__(self, name: str = "metrics.jsonl"):
-        self.name, self.path, self.fh = name, None, None
+        super().__init__(name)
 
-    def open(self, out):
-        if out is None:
-            raise ValueError("JSONLLogger writes into fit's out folder; pass fit(..., out=FOLDER)")
-        self.path = os.path.join(out, self.name)
-        self.fh = open(self.path, "a")
-
-    def truncate(self, batch):
-        self.fh.close()
-        records = []
-        if os.path.exists(self.path):
-            with open(self.path) as fh:
-                records = [r for r in map(json.loads, fh) if r.get("batch", 0) <= batch]
-        with open(self.path, "w") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in records)
-        self.fh = open(self.path, "a")
+    def _batch(self, line):
+        return json.loads(line).get("batch", 0)
 
     def log(self, kind, batch, values):
         record = {"batch": batch, **values} if kind == "train" else {"batch": batch, kind: values}
         self.fh.write(json.dumps(record) + "\n")
         self.fh.flush()
 
-    def close(self):
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
 
-
-class CSVLogger(Logger):
+class CSVLogger(_FileLogger):
     """``metrics.csv``: one row per value, `batch,kind,name,value` (long form: train logs and
     evaluations carry different names; `pandas.pivot` makes it wide)."""
 
     FIELDS = ("batch", "kind", "name", "value")
+    header = ",".join(FIELDS) + "\r\n"  # as csv.writer writes it
 
     def __init__(self, name: str = "metrics.csv"):
-        self.name, self.path, self.fh, self.writer = name, None, None, None
+        super().__init__(name)
 
-    def open(self, out):
-        if out is None:
-            raise ValueError("CSVLogger writes into fit's out folder; pass fit(..., out=FOLDER)")
-        self.path = os.path.join(out, self.name)
-        fresh = not os.path.exists(self.path)
-        self.fh = open(self.path, "a", newline="")
-        self.writer = csv.writer(self.fh)
-        if fresh:
-            self.writer.writerow(self.FIELDS)
-
-    def truncate(self, batch):
-        self.fh.close()
-        with open(self.path, newline="") as fh:
-            rows = [r for r in csv.reader(fh)][1:]
-        with open(self.path, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(self.FIELDS)
-            w.writerows(r for r in rows if int(r[0]) <= batch)
-        self.fh = open(self.path, "a", newline="")
-        self.writer = csv.writer(self.fh)
+    def _batch(self, line):
+        return int(line.split(",", 1)[0])
 
     def log(self, kind, batch, values):
-        self.writer.writerows([batch, kind, k, repr(v)] for k, v in _numbers(values).items())
+        csv.writer(self.fh).writerows([batch, kind, k, repr(v)] for k, v in _numbers(values).items())
         self.fh.flush()
-
-    def close(self):
-        if self.fh is not None:
-            self.fh.close()
-            self.fh = None
 
 
 class TensorBoardLogger(Logger):
@@ -133,13 +126,11 @@ class TensorBoardLogger(Logger):
         _require("tensorboard", "TensorBoardLogger")
         self.subdir, self.writer, self.purge = subdir, None, None
 
-    def open(self, out):
+    def open(self, out, resumed):
         if out is None:
             raise ValueError("TensorBoardLogger writes into fit's out folder; pass fit(..., out=FOLDER)")
         self.logdir = os.path.join(out, self.subdir)
-
-    def truncate(self, batch):
-        self.purge = batch + 1
+        self.purge = None if resumed is None else resumed + 1
 
     def _writer(self):
         if self.writer is None:
@@ -180,7 +171,7 @@ class MLflowLogger(Logger):
         self.experiment, self.tracking_uri, self.run_name = experiment, tracking_uri, run_name
         self.client, self.run_id = None, None
 
-    def open(self, out):
+    def open(self, out, resumed):
         from mlflow.tracking import MlflowClient
 
         uri = self.tracking_uri
@@ -191,7 +182,7 @@ class MLflowLogger(Logger):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         id_file = os.path.join(out, "mlflow_run_id") if out else None
-        if id_file and os.path.exists(id_file):
+        if resumed is not None and id_file and os.path.exists(id_file):  # a fresh run is a new MLflow run
             with open(id_file) as fh:
                 self.run_id = fh.read().strip()
             return
@@ -230,6 +221,27 @@ class MLflowLogger(Logger):
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id)
             self.client = None
+
+
+def read_scalars(logdir) -> dict:
+    """{(tag, step): value} of every scalar in the TensorBoard event files of `logdir` (their
+    records read with tensorboardX's own protobufs: 8-byte length, 4-byte CRC, the event, 4-byte CRC)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out = {}
+    for name in sorted(os.listdir(logdir)):
+        with open(os.path.join(logdir, name), "rb") as fh:
+            data = fh.read()
+        i = 0
+        while i < len(data):
+            n = struct.unpack("<Q", data[i:i + 8])[0]
+            event = event_pb2.Event()
+            event.ParseFromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            out.update(((v.tag, event.step), v.simple_value) for v in event.summary.value)
+    return out
 
 
 NAMES = {"jsonl": JSONLLogger, "csv": CSVLogger, "tensorboard": TensorBoardLogger, "mlflow": MLflowLogger}
