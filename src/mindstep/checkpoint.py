@@ -304,9 +304,20 @@ def latest(folder) -> Path | None:
 def _prune(folder: Path, keep: int) -> None:
     complete = [payload for _, payload in _candidates(folder) if _verified(payload)]
     for payload in complete[:-keep]:
-        manifest_path(payload).unlink(missing_ok=True)  # the manifest first: a crash here leaves a torn payload
-        _fsync_dir(folder)
-        payload.unlink(missing_ok=True)
+        remove(payload)
+
+
+def remove(path) -> None:
+    """Remove a checkpoint: its manifest first (so a crash in between leaves a torn payload, which
+    `latest` skips, never a manifest without its payload), then the payload.
+
+    Example:
+        `mindstep.checkpoint.remove("runs/ckpt/batch-0000100.ckpt")`.
+    """
+    payload = Path(path)
+    manifest_path(payload).unlink(missing_ok=True)
+    _fsync_dir(payload.parent)
+    payload.unlink(missing_ok=True)
 
 
 def _window_state(step, name: str) -> bool:

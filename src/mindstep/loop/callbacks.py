@@ -223,24 +223,22 @@ class BestCheckpoint(_Monitor):
         value = self.value(metrics)
         if loop.done == 0 or math.isnan(value):
             return
-        ranked = sorted(self.kept + [(value, None)], key=lambda vp: vp[0], reverse=self.mode == "max")
-        if (value, None) not in ranked[:self.k]:
+        if (value, None) not in self._ranked([(value, None)])[:self.k]:
             return
-        path = loop.step.save(self._dir(loop) / f"batch-{loop.done:07d}.ckpt",
-                              extra={**loop.position(), "monitor": self.monitor, "value": value})
-        if path is None:  # data parallel: rank 0 writes
-            path = self._dir(loop) / f"batch-{loop.done:07d}.ckpt"
-        self.kept = sorted(self.kept + [(value, str(path))], key=lambda vp: vp[0], reverse=self.mode == "max")
+        path = self._dir(loop) / f"batch-{loop.done:07d}.ckpt"
+        loop.step.save(path, extra={**loop.position(), "monitor": self.monitor, "value": value})  # rank 0 writes
+        self.kept = self._ranked([(value, str(path))])
+        from .. import checkpoint
         from ..dist import context
 
-        for _, old in self.kept[self.k:]:
-            if context.is_main():
-                from .. import checkpoint
-
-                checkpoint.manifest_path(old).unlink(missing_ok=True)  # the manifest first, as checkpoint.save prunes
-                if os.path.exists(old):
-                    os.remove(old)
+        if context.is_main():
+            for _, old in self.kept[self.k:]:
+                checkpoint.remove(old)
         self.kept = self.kept[:self.k]
+
+    def _ranked(self, new: list) -> list:
+        """The kept checkpoints and `new` [(value, path)], best first."""
+        return sorted(self.kept + new, key=lambda vp: vp[0], reverse=self.mode == "max")
 
     def on_start(self, loop):
         """A resumed run drops the best checkpoints saved after the one it resumes from (their
@@ -256,8 +254,7 @@ class BestCheckpoint(_Monitor):
         for manifest in folder.glob("batch-*.ckpt" + checkpoint.MANIFEST_SUFFIX):
             payload = manifest.with_name(manifest.name[:-len(checkpoint.MANIFEST_SUFFIX)])
             if payload.name not in kept:
-                manifest.unlink(missing_ok=True)
-                payload.unlink(missing_ok=True)
+                checkpoint.remove(payload)
 
     def best_path(self):
         """The path of the best checkpoint kept, or None."""
