@@ -216,11 +216,9 @@ class Launch:
         for rank in pids:
             record = self._exit_record(rank)
             if record is not None and record["code"] != 0:
-                from .restart import Ending
+                from .restart import exited
 
-                error = (record["error"] or "").strip().splitlines()
-                self.ending = Ending(record["code"], rank, f"exited with status {record['code']}"
-                                     + (f" ({error[-1][:200]})" if error else ""), record["error"])
+                self.ending = exited(record["code"], record["error"], rank)
                 return rank, self.ending.why
         now = time.monotonic()
         for rank, pid in pids.items():
@@ -339,8 +337,7 @@ class Launch:
                 last = "\n".join(f"    {line}" for line in self.tails[rank].last) or "    (no output)"
                 self._say(f"rank {rank} {why}; stopped the job. Last lines of {self.tails[rank].path}:\n{last}")
                 return 1
-            done = [self._exit_record(r) for r in job.ranks]
-            if all(d is not None and d["code"] == 0 for d in done):
+            if self._all_finished():
                 try:  # every worker has finished: msrun and its scheduler have nothing left to do (they
                     # took ~6 s more to notice on one CPU; what is left of them is stopped in run())
                     self.proc.wait(timeout=MSRUN_DONE_S)
@@ -351,7 +348,7 @@ class Launch:
             if code is not None:  # msrun ended before every worker reported
                 failed = self._failure()
                 self._echo(final=True)
-                missing = [r for r, d in zip(job.ranks, done) if d is None]
+                missing = [r for r in job.ranks if self._exit_record(r) is None]
                 log = os.path.join(job.log_dir, f"msrun_node{job.node_rank}.log")
                 self._say(f"msrun exited with status {code} before rank(s) {missing} finished"
                           + (f" (rank {failed[0]} {failed[1]})" if failed else "") + f"; see {log}")

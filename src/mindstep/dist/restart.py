@@ -137,8 +137,14 @@ def ending_of(code: int, record_path: str, rank: int | None = None) -> Ending:
             error = json.load(fh).get("error")
     except (OSError, ValueError):
         pass
+    return exited(code, error, rank)
+
+
+def exited(code: int, error: str | None, rank: int | None = None) -> Ending:
+    """The Ending of a process that returned `code`, with the exception it recorded, if any."""
     from ..loop.faults import EXIT_RESTART
 
-    why = "stopped on a signal and saved (exit status 75)" if code == EXIT_RESTART else \
-        f"exited with status {code}" + (f" ({error.strip().splitlines()[-1][:200]})" if error else "")
+    lines = (error or "").strip().splitlines()
+    why = f"exited with status {code}" + (" (stopped on a signal and saved)" if code == EXIT_RESTART else
+                                          f" ({lines[0][:200]})" if lines else "")
     return Ending(code, rank, why, error)
