@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._errors import bad_type, check_int
+from ..dist import context as _dist
 from . import data as _data
 
 
@@ -144,7 +145,7 @@ def loss(forward=None):
 def _batches(eval_data, who: str):
     if eval_data is None:
         raise ValueError(f"mindstep.loop.{who} evaluates on eval_data, but fit got none; pass fit(..., eval_data=...)")
-    return _data.one_pass(eval_data, rank=_rank(), world=_world())
+    return _data.one_pass(eval_data, rank=_dist.rank(), world=_dist.world_size())
 
 
 def _tensor(value):
@@ -162,15 +163,3 @@ def _the_net(step):
         raise ValueError(f"classification() without net= needs a step with one network, but this step trains "
                          f"{len(nets)}; pass classification(net=my_net)")
     return nets[0]
-
-
-def _rank() -> int:
-    from ..dist import context
-
-    return context.rank()
-
-
-def _world() -> int:
-    from ..dist import context
-
-    return context.world_size()

@@ -23,7 +23,7 @@ RESUME = (False, True, "auto")
 class Loop:
     """The running loop, as callbacks see it (`mindstep.loop.callbacks`)."""
 
-    def __init__(self, step, out):
+    def __init__(self, step, out, on_save_error: str = "raise"):
         self.step, self.out = step, None if out is None else str(out)
         self.done = 0          # step calls so far
         self.epoch = 0         # the epoch of the next batch
@@ -31,7 +31,7 @@ class Loop:
         self.history: list = []
         self.stopped: str | None = None
         self.initial: dict | None = None
-        self.on_save_error = "raise"
+        self.on_save_error = on_save_error
 
     def request_stop(self, reason: str = "a callback asked to stop") -> None:
         """End the run after the current event (it still saves, evaluates and summarises)."""
@@ -106,8 +106,7 @@ def fit(step, train_data, *, steps: int | None = None, epochs: int | None = None
     world = _dist.world_size()
     source = _data.Source(train_data, rank=_dist.rank(), world=world)
     cbs = _callbacks.as_callbacks(callbacks)
-    loop = Loop(step, out)
-    loop.on_save_error = on_save_error
+    loop = Loop(step, out, on_save_error)
     resumed = _resume(loop, cbs, resume, source)
     logs = _open_loggers(loop, loggers, resumed, config, _dist.is_main())
     with _faults.StopSignals(stop_signals) as signals:

@@ -251,7 +251,5 @@ def _resize_hwc(img, size):
 
 
 def _resize(x, size):
-    import mindspore.dataset.vision as vision
-
-    out = [vision.Resize((size, size))(img.transpose(1, 2, 0)) for img in x]
-    return np.stack([o.reshape(size, size, -1).transpose(2, 0, 1) for o in out]).astype(np.float32)
+    """CHW images resized (the digits to `model.image_size`)."""
+    return np.stack([_resize_hwc(img.transpose(1, 2, 0), size).transpose(2, 0, 1) for img in x]).astype(np.float32)
