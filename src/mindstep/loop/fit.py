@@ -187,7 +187,7 @@ def _resume(loop, cbs, resume, source) -> int | None:
             return None
         raise ValueError(f"resume=True: no complete checkpoint in {_ckpt_dir(loop)}; pass resume='auto' to start "
                          "when there is none, or resume=False")
-    saved = (_checkpoint.read_manifest(path).get("extra") or {}).get("loop")
+    saved = (_checkpoint.read_manifest(path, verify=False).get("extra") or {}).get("loop")  # latest() verified it
     if saved is None:
         raise ValueError(f"{path} was not written by mindstep.fit (its manifest has no loop position); resume from a "
                          "checkpoint of fit's out/ckpt, or load it with step.load() and start fit without resume")
