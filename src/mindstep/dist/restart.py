@@ -21,6 +21,7 @@ yet; `fit` prints the checkpoint it resumes from on rank 0.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,7 +107,10 @@ def one_process(cmd: list, max_restarts: int, delay_s: float, say=None) -> int:
             ending.interrupted, ending.why = True, f"the supervisor got {signal.Signals(told[0]).name}"
         return ending
 
-    return supervise(attempt, max_restarts, delay_s, say)
+    try:
+        return supervise(attempt, max_restarts, delay_s, say)
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)  # the attempts' exit records
 
 
 def _stop_with_parent() -> None:
