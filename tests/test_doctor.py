@@ -109,6 +109,21 @@ CASES = {
         for batch in data:
             step(batch, scale)  # BAD
             scale += 0.5
+        """, """
+        @ms.jit
+        def train_step(x, y, lr):
+            return x * y * lr
+        for epoch in range(10):
+            for x, y in data:
+                train_step(x, y, 1.0 / (epoch + 1))  # BAD
+        """, """
+        class Agent(nn.Cell):
+            @ms.jit
+            def sample(self, x, n):
+                return x * n
+        agent = Agent()
+        for i in range(5):
+            agent.sample(x, 10 - i)  # BAD
         """], [
         """
         @ms.jit
@@ -130,6 +145,12 @@ CASES = {
         for _ in range(10):
             out = decode(out, pos)
             pos += 1
+        """, """
+        @ms.jit
+        def train_step(x, y, lr):
+            return x * y * lr
+        for epoch in range(10):
+            train_step(x * epoch, y, ms.Tensor(1.0 / (epoch + 1)))
         """]),
     "MS004": ([
         """
@@ -178,11 +199,14 @@ CASES = {
             return net(x)
         step(x)
         ms.load_param_into_net(net, ms.load_checkpoint("a.ckpt"))  # BAD
+        print(step(x))
         """, """
         train = ms.jit(train_fn)
         for x in data:
             train(x)
         net.fc.weight.set_data(w)  # BAD
+        for x in data:
+            train(x)
         """, """
         @ms.jit
         def step(x):
@@ -192,7 +216,19 @@ CASES = {
                 step(x)
         train()
         ms.load_param_into_net(net, best)  # BAD
+        train()
         """], [
+        """
+        @ms.jit
+        def step(x):
+            return net(x)
+        def train():
+            for x in data:
+                step(x)
+        train()
+        ms.load_param_into_net(net, best)  # the jitted step does not run again: nothing reads stale weights
+        print(net(x))
+        """, 
         """
         ms.load_param_into_net(net, ms.load_checkpoint("a.ckpt"))
         @ms.jit
@@ -239,6 +275,10 @@ CASES = {
             return x
         """, """
         train = ms.jit(step_fn, capture_mode="bytecode")
+        """, """
+        @ms.jit(capture_mode="trace")  # a pure function (MindSpore's docs): tracing it is what trace is for
+        def tensor_cal(x, y, z):
+            return ops.matmul(x, y) + z
         """]),
     "MS007": ([
         """
@@ -557,6 +597,69 @@ CASES = {
         def helper(net, data):
             return net(data)
         """]),
+    "MS017": ([
+        """
+        class Model(nn.Cell):
+            @ms.jit
+            def step(self, x, idx):
+                return x[:, idx[0]]
+        model = Model()
+        for x, y in data:
+            idx = y.asnumpy().tolist()
+            model.step(x, idx)  # BAD
+        """, """
+        @ms.jit
+        def step(x, sizes):
+            return x
+        def train(data):
+            for x in data:
+                step(x, [s * 2 for s in x.shape])  # BAD
+        """], [
+        """
+        class Model(nn.Cell):
+            @ms.jit
+            def step(self, x, idx):
+                return x[:, idx[0]]
+        model = Model()
+        for x, y in data:
+            model.step(x, ms.Tensor(y.asnumpy()))
+        """, """
+        @ms.jit
+        def step(x, sizes):
+            return x
+        out = step(x, [1, 2])
+        """]),
+    "MS018": ([
+        """
+        import random
+        class Aug(nn.Cell):
+            def construct(self, x):
+                if random.random() < 0.5:  # BAD
+                    x = ops.flip(x, (2,))
+                return x
+        ms.set_context(mode=ms.GRAPH_MODE)
+        """, """
+        @ms.jit
+        def step(x):
+            noise = ms.Tensor(np.random.randn(*x.shape), ms.float32)  # BAD
+            return x + noise
+        """], [
+        """
+        class Aug(nn.Cell):
+            def construct(self, x):
+                if ops.uniform((1,), ms.Tensor(0.0), ms.Tensor(1.0)) < 0.5:
+                    x = ops.flip(x, (2,))
+                return x
+        ms.set_context(mode=ms.GRAPH_MODE)
+        """, """
+        class Init(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.w = ms.Parameter(ms.Tensor(np.random.randn(3, 3), ms.float32))
+            def construct(self, x):
+                return x * self.w
+        ms.set_context(mode=ms.GRAPH_MODE)
+        """]),
     "MS016": ([
         """
         ops.control_depend(a, b)  # BAD
@@ -777,7 +880,7 @@ def test_an_unreadable_file_is_one_finding_and_the_run_goes_on(tmp_path, capsys)
     # exit status: only MS000 -> 0 (no errors found), and the summary says what was not checked
     assert main(["doctor", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "4 finding(s), 0 error(s), 4 file(s) not checked (MS000)" in out
+    assert "4 finding(s), 0 error(s), 4 file(s) or notebook cell(s) not checked (MS000)" in out
     # a real error next to them is still reported, with exit status 1
     (tmp_path / "e_bad.py").write_text(_source(CASES["MS016"][0][0]))
     assert main(["doctor", str(tmp_path)]) == 1

@@ -37,8 +37,15 @@ def reach(files, projects) -> tuple[int, int]:
 
 def source_line(finding) -> str:
     try:
+        if finding.get("cell"):
+            import json
+            with open(finding["path"], encoding="utf-8") as fh:
+                cells = json.load(fh)["cells"]
+            source = cells[finding["cell"] - 1]["source"]
+            source = "".join(source) if isinstance(source, list) else source
+            return source.split("\n")[finding["line"] - 1].strip()
         return doctor.read_source(finding["path"]).splitlines()[finding["line"] - 1].strip()
-    except (OSError, SyntaxError, ValueError, LookupError, IndexError):
+    except (OSError, SyntaxError, ValueError, LookupError, IndexError, KeyError):
         return ""
 
 
@@ -74,7 +81,7 @@ def main(argv=None) -> int:
     print()
     for f in every:
         if f["rule"] != "MS000":
-            print(f"{f['rule']} {f['severity']:<7} {f['path']}:{f['line']}  | {f['source'][:110]}")
+            print(f"{f['rule']} {f['severity']:<7} {doctor.location(f).rsplit(':', 1)[0]}  | {f['source'][:110]}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"projects": rows, "findings": every}, fh, indent=1)

@@ -58,7 +58,7 @@ def doctor_markdown() -> str:
     out = []
     for rule in RULES.values():
         out += [f"\n### {rule.id} `{rule.name}` ({rule.severity})\n", f"**What goes wrong.** {_cap(rule.message)}.\n",
-                f"**Fix.** {_cap(rule.fix)}."]
+                f"**Fix.** {_cap(rule.fix)}."] + ([f"\n**Measured.** {_cap(rule.evidence)}."] if rule.evidence else [])
     return "\n".join(out)
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
+import re
 import sys
 import textwrap
 
@@ -301,6 +303,17 @@ def _cmd_bench(args) -> int:
 def _cmd_doctor(args) -> int:
     from . import doctor
 
+    if args.explain is not None and re.fullmatch(r"(?i)MS\d{3}", args.explain) and not os.path.exists(args.explain):
+        rule = doctor.RULES.get(args.explain.upper())
+        if rule is None:
+            print(f"mindstep doctor: no rule {args.explain}; rules: {', '.join(doctor.RULES)}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps({"rule": dataclasses.asdict(rule)}, indent=2))
+        else:
+            print(f"{rule.id} {rule.name} [{rule.severity}]\n  what goes wrong: {rule.message}\n  fix: {rule.fix}"
+                  + (f"\n  measured: {rule.evidence}" if rule.evidence else ""))
+        return 0
     if args.explain is not None:
         if args.explain == "-":
             text = sys.stdin.read()
@@ -345,11 +358,11 @@ def _cmd_doctor(args) -> int:
         print(json.dumps(to_sarif(findings, __version__), indent=2))
     else:
         for f in findings:
-            print(f"{f['path']}:{f['line']}:{f['col'] + 1}: {f['severity']} {f['rule']} "
+            print(f"{doctor.location(f)}: {f['severity']} {f['rule']} "
                   f"{doctor.RULES[f['rule']].name}: {f['message']}\n    fix: {f['fix']}")
         errors = sum(f["severity"] == "error" for f in findings)
         unread = sum(f["rule"] == "MS000" for f in findings)
-        print(f"{len(findings)} finding(s), {errors} error(s)" + (f", {unread} file(s) not checked (MS000)" if unread
+        print(f"{len(findings)} finding(s), {errors} error(s)" + (f", {unread} file(s) or notebook cell(s) not checked (MS000)" if unread
                                                                   else ""))
     if args.statistics:  # as ruff/flake8 --statistics: a count per rule, then what was read and how fast
         out = sys.stderr if fmt != "text" else sys.stdout
@@ -476,7 +489,8 @@ def _doctor_arguments(command) -> None:
                 "Read Python files (nothing runs) and report the graph-mode pitfalls found, each with its "
                 "line and a fix; or explain a MindSpore error message read from a file or stdin.")
     p.add_argument("paths", nargs="*", help="Python files or folders to check")
-    p.add_argument("--explain", metavar="FILE", help="explain a MindSpore traceback read from FILE (- for stdin)")
+    p.add_argument("--explain", metavar="FILE|RULE", help="explain a MindSpore traceback read from FILE (- for "
+                   "stdin), or a rule (--explain MS017: what goes wrong, the fix, and the measurement behind it)")
     p.add_argument("--select", metavar="CODES", help="only these rules: codes or prefixes, e.g. MS001,MS01")
     p.add_argument("--ignore", metavar="CODES", help="skip these rules: codes or prefixes, e.g. MS013")
     p.add_argument("--format", choices=("text", "json", "sarif"), default="text",

@@ -1,14 +1,19 @@
 """`mindstep doctor`: static checks for graph-mode pitfalls, and `--explain` for MindSpore errors."""
 from .analysis import Finding, analyze_source
 from .explain import explain
+from .notebook import notebook_source
 from .project import Project, project_facts
 from .rules import RULES
 
 
 def read_source(file: str) -> str:
-    """A file's text as Python reads it: a UTF-8 BOM, a PEP 263 coding line, else UTF-8."""
+    """A file's text as Python reads it: a UTF-8 BOM, a PEP 263 coding line, else UTF-8; for a
+    notebook, its code cells (see `mindstep.doctor.notebook`)."""
     import tokenize
 
+    if file.endswith(".ipynb"):
+        with open(file, encoding="utf-8") as fh:
+            return notebook_source(fh.read())[0]
     with tokenize.open(file) as fh:
         return fh.read()
 
@@ -16,8 +21,11 @@ def read_source(file: str) -> str:
 def analyze_file(file: str, project: Project | None = None) -> list[dict]:
     """Findings for one file (`project`: facts from the files checked with it); a file that cannot
     be read or parsed is one `MS000` finding with the reason, never an exception, so one odd file
-    does not hide the findings of the others."""
+    does not hide the findings of the others. A notebook's findings carry `cell` (its number in
+    the notebook, from 1) and `line` within that cell."""
     try:
+        if file.endswith(".ipynb"):
+            return _analyze_notebook(file, project)
         return analyze_source(read_source(file), file, project)
     except SyntaxError as err:  # Python 2 code, a template, a broken file (IndentationError too)
         line, col, reason = err.lineno or 1, max((err.offset or 1) - 1, 0), f"SyntaxError: {err.msg}"
@@ -29,6 +37,25 @@ def analyze_file(file: str, project: Project | None = None) -> list[dict]:
     finding = Finding(file, line, col, "MS000").as_dict()
     finding["message"] = f"{finding['message']}: {reason}"
     return [finding]
+
+
+def _analyze_notebook(file: str, project) -> list[dict]:
+    with open(file, encoding="utf-8") as fh:
+        text, where, broken = notebook_source(fh.read())
+    findings = analyze_source(text, file, project)
+    for f in findings:
+        f["cell"], f["line"] = where[f["line"] - 1] if f["line"] <= len(where) else (None, f["line"])
+    for cell, line, reason in broken:
+        finding = Finding(file, line, 0, "MS000").as_dict()
+        finding.update(cell=cell, message=f"{finding['message']}: cell {cell}: {reason}")
+        findings.append(finding)
+    return sorted(findings, key=lambda f: (f.get("cell") or 0, f["line"], f["col"], f["rule"]))
+
+
+def location(finding: dict) -> str:
+    """`path:line:col`, or `path:cell:line:col` for a notebook's finding."""
+    cell = f"{finding['cell']}:" if finding.get("cell") is not None else ""
+    return f"{finding['path']}:{cell}{finding['line']}:{finding['col'] + 1}"
 
 
 def rule_codes(text: str, flag: str) -> list[str]:
@@ -100,13 +127,15 @@ def load_config(path: str) -> dict:
 
 
 def python_files(paths) -> list[str]:
-    """The given files, and every .py file under the given folders, in a stable order."""
+    """The given files, and every .py and .ipynb file under the given folders (not inside
+    `.ipynb_checkpoints`, Jupyter's autosave copies), in a stable order."""
     import os
 
     files = []
     for path in paths:
         files += [path] if os.path.isfile(path) else sorted(
-            os.path.join(root, f) for root, _, names in os.walk(path) for f in names if f.endswith(".py"))
+            os.path.join(root, f) for root, _, names in os.walk(path) if ".ipynb_checkpoints" not in root.split(os.sep)
+            for f in names if f.endswith((".py", ".ipynb")))
     return files
 
 
@@ -132,4 +161,4 @@ def analyze_paths(paths, stats: dict | None = None) -> list[dict]:
 
 
 __all__ = ["RULES", "Project", "analyze_file", "analyze_paths", "analyze_source", "explain", "find_config",
-           "load_config", "project_facts", "python_files", "read_source", "rule_codes", "select_rules"]
+           "load_config", "location", "notebook_source", "project_facts", "python_files", "read_source", "rule_codes", "select_rules"]

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from ._syntax import dotted as _dotted, kw as _kw, last as _last
-from .project import OPTIMIZER_BASES, Project, builds_optimizer, sets_graph_mode
+from .project import OPTIMIZER_BASES, Project, builds_optimizer, modes_set
 from .rules import RULES
 
 OPTIMIZER_WORDS = ("opt", "optimizer", "optim")
@@ -67,7 +67,7 @@ class Module:
     """Indexes one file: its functions, module-level names, and which functions are graph code."""
 
     def __init__(self, tree: ast.Module, project: Project | None = None):
-        project = project or Project()
+        given, project = project, project or Project()
         self.tree = tree
         # child -> parent, built once: every "what encloses this node" question is a walk up, not a
         # walk of the whole tree per node (which made one file with 300 lambdas take 37 s)
@@ -86,20 +86,95 @@ class Module:
                 self.module_assign_lines.setdefault(target, []).append(node.lineno)
         self.global_writes = set()
         for node in self.nodes:
-            if isinstance(node, ast.Global):
+            if isinstance(node, ast.Global) and not self._before_compile(node):
                 fn = _enclosing_assigns(self, node)
                 self.global_writes |= set(node.names) & fn
-        self.file_graph_mode = sets_graph_mode(self.nodes) or any(
+        own = modes_set(self.nodes)
+        # a file's own explicit mode wins for its own code; judged alone, a file that only mentions
+        # GRAPH_MODE (`mode = GRAPH_MODE if ... else ...`) counts as setting it
+        self.file_graph_mode = "graph" in own or (not own and given is None and any(
             _dotted(n) in ("ms.GRAPH_MODE", "mindspore.GRAPH_MODE", "context.GRAPH_MODE", "GRAPH_MODE")
-            for n in self.nodes if isinstance(n, (ast.Attribute, ast.Name)))
-        self.graph_mode = project.graph_mode or self.file_graph_mode
+            for n in self.nodes if isinstance(n, (ast.Attribute, ast.Name))))
+        self.graph_mode = ("graph" in own) if own else (project.graph_mode or self.file_graph_mode)
+        self.project_jits = project.jits
+        self.eval_graph_mode = self.graph_mode if project.eval_graph_mode is None or own else project.eval_graph_mode
         self.builds_optimizer = builds_optimizer(self.nodes)
+        self._class_methods = {}
         self.jit_names = self._jit_names()
         self.jit_wrapped = {n.args[0].id for n in self.nodes if isinstance(n, ast.Call) and _is_jit(self, n)
                             and n.args and isinstance(n.args[0], ast.Name)}
         self.graph_functions = self._graph_functions()
         self.graph_calls = {c.func.id for fn in self.graph_functions for c in ast.walk(fn)
                             if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+
+    def _before_compile(self, node) -> bool:
+        """A `global` statement in an `__init__`, or in a function that only `__init__`s call (by
+        name): it runs when the network is built, before anything compiles (mindformers'
+        `init_gather_index` under a `gather_index_inited` flag), so the graph reads its last value."""
+        fns = [a for a in _ancestors(self, node) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        if not fns:
+            return False
+        outer = fns[-1]
+        if outer.name == "__init__":
+            return True
+        callers = [c for c in self.nodes if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+                   and c.func.id == outer.name]
+        return bool(callers) and all(any(isinstance(a, ast.FunctionDef) and a.name == "__init__"
+                                         for a in _ancestors(self, c)) for c in callers)
+
+    @functools.cached_property
+    def parameter_attrs(self) -> set:
+        """`self.<name>` attributes the file binds to a `Parameter(...)`."""
+        return {t.attr for n in self.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and _last(n.value.func) == "Parameter"
+                for t in n.targets if isinstance(t, ast.Attribute) and _dotted(t.value) == "self"}
+
+    @functools.cached_property
+    def cell_attrs(self) -> dict:
+        """`self.<attr> = SomeCell(...)` -> {attr: the `construct` defs of SomeCell}, for classes of this file."""
+        constructs = {}
+        for node in self.nodes:
+            if isinstance(node, ast.ClassDef):
+                defs = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name == "construct"]
+                if defs:
+                    constructs.setdefault(node.name, []).extend(defs)
+        out = {}
+        for n in self.nodes:
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _last(n.value.func) in constructs:
+                for t in n.targets:
+                    if isinstance(t, ast.Attribute) and _dotted(t.value) == "self":
+                        out.setdefault(t.attr, []).extend(constructs[_last(n.value.func)])
+        return out
+
+    def _python_value_params(self, found: dict) -> None:
+        """A `construct` whose parent Cell passes it Python values (`self.pos_embd(B, H, W)` with
+        `B, H, W = x.shape`, mindcv's EdgeNeXt): those parameters are compile-time constants, not
+        tensors, at every call site of this file."""
+        cells = self.cell_attrs
+        if not cells:
+            return
+        sites = {}
+        for fn in self.graph_functions:
+            tensors = None
+            for call in ast.walk(fn):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                        and _dotted(call.func.value) == "self" and call.func.attr in cells:
+                    tensors = _tensor_names(fn, found[id(fn)]) if tensors is None else tensors
+                    for callee in cells[call.func.attr]:
+                        sites.setdefault(id(callee), []).append((call, tensors))
+        for fn in self.graph_functions:
+            if id(fn) not in sites or call_has_star(sites[id(fn)]):
+                continue
+            names = [n for n in _params(fn) if n != "self"]
+            constant = set(names)
+            for call, tensors in sites[id(fn)]:
+                for i, arg in enumerate(call.args):
+                    if i < len(names) and _mentions_tensor(arg, tensors):
+                        constant.discard(names[i])
+                for k in call.keywords:
+                    if k.arg in constant and _mentions_tensor(k.value, tensors):
+                        constant.discard(k.arg)
+            found[id(fn)] -= constant
 
     @functools.cached_property
     def tensor_params(self) -> dict:
@@ -110,6 +185,7 @@ class Module:
                  or fn.name in self.jit_wrapped or any(_is_jit(self, d) for d in fn.decorator_list)}
         found = {id(fn): (set(_params(fn)) - {"self", "cls"}) if id(fn) in roots else set()
                  for fn in self.graph_functions}
+        self._python_value_params(found)
         for _ in range(4):  # a few rounds follow helpers of helpers
             changed = False
             for fn in self.graph_functions:
@@ -146,6 +222,71 @@ class Module:
         return runs
 
     @functools.cached_property
+    def _module_modes(self) -> list:
+        """(line, mode) of the module-level `set_context(mode=...)` statements, in order."""
+        out = []
+        for st in self.tree.body:
+            if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
+                modes = modes_set([st.value]) - {"unset"}
+                if len(modes) == 1:
+                    out.append((st.lineno, modes.pop()))
+        return out
+
+    def mode_at(self, line: int):
+        """The mode the module's own statements set last before `line` ('graph', 'pynative'), None if
+        none did: a notebook that switches to PyNative for one section runs that section eagerly."""
+        before = [mode for at, mode in self._module_modes if at < line]
+        return before[-1] if before else None
+
+    @functools.cached_property
+    def _callers(self) -> dict:
+        """function name -> the names of this file's functions that call it by name."""
+        out = {}
+        for defs in self.functions.values():
+            for fn in defs:
+                for c in ast.walk(fn):
+                    if isinstance(c, ast.Call) and isinstance(c.func, ast.Name):
+                        out.setdefault(c.func.id, set()).add(fn.name)
+                        # grad_fn(x, y) runs the forward that value_and_grad wraps
+                        out.setdefault(self.grad_targets.get(c.func.id, c.func.id), set()).add(fn.name)
+        return out
+
+    @functools.cached_property
+    def _module_calls(self) -> list:
+        """(line, names it calls) of each module-level statement that is not a def or class."""
+        return [(st.lineno, {c.func.id for c in ast.walk(st) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)})
+                for st in self.tree.body if not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+    @functools.cached_property
+    def _wrappers(self) -> dict:
+        """name -> the module-level names bound to a call that takes it (`sink = data_sink(step, ...)`)."""
+        out = {}
+        for st in self.tree.body:
+            if isinstance(st, ast.Assign) and isinstance(st.value, ast.Call):
+                for a in st.value.args:
+                    if isinstance(a, ast.Name):
+                        out.setdefault(a.id, set()).update(t.id for t in st.targets if isinstance(t, ast.Name))
+        return out
+
+    def lines_calling(self, name: str) -> list:
+        """The module-level statements that call `name`, or a function of this file that calls it."""
+        cache = self.__dict__.setdefault("_lines_calling_cache", {})
+        if name not in cache:
+            cache[name] = self._lines_calling(name)
+        return cache[name]
+
+    def _lines_calling(self, name: str) -> list:
+        names, queue = {name}, [name]
+        while queue:
+            current = queue.pop()
+            # `sink_process = data_sink(train_step, ...)`: calling the wrapper runs the function
+            for caller in self._callers.get(current, set()) | self._wrappers.get(current, set()):
+                if caller not in names:
+                    names.add(caller)
+                    queue.append(caller)
+        return [line for line, called in self._module_calls if called & names]
+
+    @functools.cached_property
     def first_run_line(self) -> int | None:
         """The line of the first module-level statement that runs compiled code (calls a jitted
         function or a function that calls one); None when no statement is seen to."""
@@ -174,23 +315,36 @@ class Module:
         """Which names are MindSpore modules, real numpy, or imported from other libraries."""
         self.ms_modules = {"ms", "mindspore"}
         self.numpy_names, self.foreign_names = set(), set()
+        self.random_modules, self.random_functions = set(), set()  # Python's random / numpy.random
         for node in self.nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     bound = alias.asname or alias.name.split(".")[0]
                     if alias.name == "numpy":
                         self.numpy_names.add(bound)
+                    elif alias.name in ("random", "numpy.random") and (alias.asname or alias.name == "random"):
+                        self.random_modules.add(bound)
                     elif alias.name.split(".")[0] == "mindspore":
                         # `import mindspore.numpy as np` binds np to MindSpore's numpy, not numpy's
                         (self.ms_modules.add(bound), self.numpy_names.discard(bound))
             elif isinstance(node, ast.ImportFrom) and node.module:
                 for alias in node.names:
                     bound = alias.asname or alias.name
+                    if node.module in ("random", "numpy.random") and alias.name in RANDOM_FUNCTIONS:
+                        self.random_functions.add(bound)
+                    elif node.module == "numpy" and alias.name == "random":
+                        self.random_modules.add(bound)
                     if node.module.split(".")[0] == "mindspore":
                         self.ms_modules.add(bound)
                         self.numpy_names.discard(bound)
                     else:
                         self.foreign_names.add(bound)
+
+    @functools.cached_property
+    def jit_methods(self) -> set:
+        """Names of `@jit` methods (defs in a class body)."""
+        return {fn.name for defs in self.functions.values() for fn in defs
+                if isinstance(self.parents.get(fn), ast.ClassDef) and any(_is_jit(self, d) for d in fn.decorator_list)}
 
     def _jit_names(self) -> set:
         """Names bound to jitted functions: decorated defs and `x = jit(f)` assignments."""
@@ -223,10 +377,38 @@ class Module:
                 continue
             seen.add(id(fn))
             for call in ast.walk(fn):
+                if isinstance(call, ast.Call) and not self.eval_graph_mode and _inference_side(self, call, fn):
+                    continue  # the evaluation run, which takes this side, is PyNative
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
                     name = grad_targets.get(call.func.id, call.func.id)
                     queue.extend(self.functions.get(name, []))
+                elif isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                        and isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
+                    # self.helper(x) from graph code compiles the helper too (a method of the same
+                    # class; a Cell attribute's own construct is a root of its own)
+                    queue.extend(self.methods(fn).get(call.func.attr, []))
         return [fn for defs in self.functions.values() for fn in defs if id(fn) in seen]
+
+    def methods(self, fn) -> dict:
+        """name -> [def] of the methods of the class `fn` is a method of ({} for a function)."""
+        cls = self.parents.get(fn)
+        if not isinstance(cls, ast.ClassDef):
+            return {}
+        return self._class_methods.setdefault(id(cls), {m.name: [m] for m in cls.body
+                                                         if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))})
+
+    @functools.cached_property
+    def grad_targets(self) -> dict:
+        return self._grad_targets()
+
+    @functools.cached_property
+    def cross_entropy_names(self) -> set:
+        """Names (`loss_fn`, `self.loss`) the file binds to a cross-entropy loss Cell."""
+        out = set()
+        for n in self.nodes:
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _last(n.value.func).lower() in CROSS_ENTROPY:
+                out |= {_dotted(t) for t in n.targets if _dotted(t)}
+        return out
 
     def _grad_targets(self) -> dict:
         """`grad_fn = value_and_grad(forward, ...)` -> {'grad_fn': 'forward'}."""
@@ -239,6 +421,52 @@ class Module:
                     if isinstance(t, ast.Name):
                         out[t.id] = node.value.args[0].id
         return out
+
+
+TRAINING_FLAGS = {"training", "is_training", "return_loss", "is_train", "phase_train", "train_mode"}
+
+
+def _training_flag(test):
+    """True for `if self.training:` (and is_training, return_loss...), False for `if not self.training:`,
+    None for any other test."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _training_flag(test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, (ast.Name, ast.Attribute)) and _last(test) in TRAINING_FLAGS:
+        return True
+    return None
+
+
+def _inference_side(mod, node, stop) -> bool:
+    """`node` sits on the side of an `if self.training:` (or `if return_loss:`) that only evaluation
+    takes; the training run decides the test at compile time and does not compile that side."""
+    child = node
+    for parent in _ancestors(mod, node):
+        if isinstance(parent, ast.If) and child is not parent.test:
+            flag = _training_flag(parent.test)
+            if flag is not None and (child in parent.body) != flag:
+                return True
+        for field in ("body", "orelse"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and child in block and any(
+                    _returns_when_training(st) for st in block[:block.index(child)]):
+                return True
+        if parent is stop:
+            return False
+        child = parent
+    return False
+
+
+def _returns_when_training(statement) -> bool:
+    """`if self.training: ... return loss` with no else: what follows it is the evaluation side."""
+    return isinstance(statement, ast.If) and _training_flag(statement.test) is True and not statement.orelse \
+        and bool(statement.body) and isinstance(statement.body[-1], ast.Return)
+
+
+def call_has_star(sites) -> bool:
+    """A call site passes *args or **kwargs: which parameter gets what is unknown."""
+    return any(isinstance(a, ast.Starred) for call, _ in sites for a in call.args) or \
+        any(k.arg is None for call, _ in sites for k in call.keywords)
 
 
 def _assign_targets(node) -> list:
@@ -326,7 +554,20 @@ def _check_graph_function(mod: Module, fn, add) -> None:
         for t in n.targets if isinstance(t, ast.Name)}
     opt_call_line = None
     tensors = None  # the function's tensor-valued names, worked out when a numpy call needs them
+    inference = set()
+    if not mod.eval_graph_mode:  # the evaluation run is PyNative: its side of `if self.training` is not compiled
+        for node in ast.walk(fn):
+            if isinstance(node, ast.If) and _training_flag(node.test) is not None:
+                side = node.orelse if _training_flag(node.test) else node.body
+                inference |= {id(n) for st in side for n in ast.walk(st)}
+            for block in (getattr(node, "body", None), getattr(node, "orelse", None)):
+                if isinstance(block, list):
+                    after = next((i for i, st in enumerate(block) if _returns_when_training(st)), None)
+                    if after is not None:
+                        inference |= {id(n) for st in block[after + 1:] for n in ast.walk(st)}
     for node in ast.walk(fn):
+        if id(node) in inference:
+            continue
         if isinstance(node, ast.Call):
             name, last = _dotted(node.func), _last(node.func)
             base = node.func.value if isinstance(node.func, ast.Attribute) else None
@@ -335,10 +576,14 @@ def _check_graph_function(mod: Module, fn, add) -> None:
                 add(node, "MS001")
             if last == "update" and base_name in dicts:
                 add(node, "MS014")
-            if name == "print":
+            if name == "print" and not (_conditional(mod, node, fn) and _has_message(node)):
                 add(node, "MS013")
-            if last in ("asnumpy", "item", "tolist") and isinstance(node.func, ast.Attribute):
-                add(node, "MS010")
+            if last in ("asnumpy", "item", "tolist") and isinstance(node.func, ast.Attribute) \
+                    and not (last == "item" and _dotted(node.func.value).startswith("self.")
+                             and _dotted(node.func.value)[5:] in mod.parameter_attrs):
+                add(node, "MS010")  # Parameter.item() compiles (measured, STRICT syntax level too)
+            if _random_call(mod, node):
+                add(node, "MS018")
             if name.split(".")[0] in mod.numpy_names and "." in name:
                 tensors = _tensor_names(fn, mod.tensor_params[id(fn)]) if tensors is None else tensors
                 # numpy on shapes and settings (np.sqrt(self.head_dim), np.ones(C)) is a constant
@@ -377,16 +622,74 @@ def _check_graph_function(mod: Module, fn, add) -> None:
                 add(arg, "MS015")
 
 
+def _conditional(mod, node, fn) -> bool:
+    """`node` runs only on some calls: under an if/while/try handler, or after an `if` that returns
+    or raises earlier in its block. A print with a message there is an error message in a branch
+    decided at compile time (a shape or config check: the dead branch prints nothing, measured) or
+    a deliberate log (an overflow message), not one that prints on every call."""
+    child = node
+    for parent in _ancestors(mod, node):
+        if isinstance(parent, (ast.If, ast.IfExp, ast.While, ast.ExceptHandler)) and child is not getattr(parent, "test", None):
+            return True
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(parent, field, None)
+            if isinstance(block, list) and child in block:
+                for earlier in block[:block.index(child)]:
+                    if isinstance(earlier, ast.If) and any(isinstance(n, (ast.Return, ast.Raise)) for n in ast.walk(earlier)):
+                        return True
+        if parent is fn:
+            return False
+        child = parent
+    return False
+
+
+def _has_message(call) -> bool:
+    """A print with a message (a string or f-string argument): an error message or a log line, not
+    a debugging print of bare values (`print(x.shape)`, which under a config flag prints every call)."""
+    return any(isinstance(a, ast.JoinedStr) or (isinstance(a, ast.Constant) and isinstance(a.value, str))
+               or (isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr == "format")
+               for a in call.args)
+
+
+RANDOM_FUNCTIONS = {"random", "rand", "randn", "randint", "random_sample", "uniform", "normal", "choice", "shuffle",
+                    "permutation", "gauss", "sample", "randrange", "standard_normal", "binomial", "beta", "poisson",
+                    "triangular", "betavariate", "normalvariate", "getrandbits", "integers", "exponential"}
+
+
+def _random_call(mod, call) -> bool:
+    """`np.random.rand()`, `numpy.random.uniform(...)`, `random.random()` (Python's module): host random
+    numbers, which graph compilation draws once and folds into the graph as a constant."""
+    parts = _dotted(call.func).split(".")
+    if len(parts) == 3 and parts[0] in mod.numpy_names and parts[1] == "random":
+        return parts[2] in RANDOM_FUNCTIONS
+    if len(parts) == 2 and parts[0] in mod.random_modules:
+        return parts[1] in RANDOM_FUNCTIONS
+    return len(parts) == 1 and parts[0] in mod.random_functions
+
+
 def _rebound_after_compile(mod, name: str, fn) -> bool:
-    """A module-level name assigned again at a point where `fn` may have been compiled already: after
-    the first module-level statement that runs compiled code (`Module.first_run_line`), or, where no
-    such statement is seen, after `fn`'s definition. A network rebound before anything compiled
-    (`model = auto_mixed_precision(model, 'O2')` under `model = Network()`) is read at its last value."""
+    """A module-level name assigned again at a point where `fn` may have been compiled already.
+    Where the module's own statements run the compiled code (a script, a notebook's cells), in the
+    order they run: the graph is stale when `fn` ran (compiled) after its definition and before the
+    new binding, and runs again after it with no new definition in between (a notebook that defines
+    its step again in each section compiles it again). Otherwise: after the first module-level
+    statement that runs compiled code, or, where none is seen, after `fn`'s definition. A network
+    rebound before anything compiled (`model = auto_mixed_precision(model, 'O2')` under `model =
+    Network()`) is read at its last value."""
     lines = mod.module_assign_lines.get(name, [])
     if len(lines) < 2:
         return False
-    since = mod.first_run_line or _top_statement(mod, fn).lineno
-    return any(line > since for line in lines[1:])
+    top = _top_statement(mod, fn)
+    # the module-level statements that run this function (not any jitted one)
+    runs = mod.lines_calling(top.name) if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+    if not runs:
+        since = mod.first_run_line or top.lineno
+        return any(line > since for line in lines[1:])
+    # this definition of fn lives until the next `def` of its name
+    until = min((n.lineno for n in mod.tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.name == top.name and n.lineno > top.lineno), default=float("inf"))
+    return any(top.lineno < line < until and any(top.lineno < r < line for r in runs)
+               and any(line < r < until for r in runs) for line in lines[1:])
 
 
 def _top_statement(mod, node):
@@ -485,30 +788,100 @@ def _check_module(mod: Module, add) -> None:
         last = _last(node.func)
         if _is_jit(mod, node) or (isinstance(node.func, ast.Call) and _is_jit(mod, node.func)):
             mode = _kw(node if _is_jit(mod, node) else node.func, "capture_mode")
-            if isinstance(mode, ast.Constant) and mode.value == "trace":
+            traced = node.args[0] if _is_jit(mod, node) and node.args else None
+            decorator = isinstance(mod.parents.get(node), (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node in mod.parents[node].decorator_list  # judged with its function below
+            if isinstance(mode, ast.Constant) and mode.value == "trace" and not decorator and _may_step(mod, traced):
                 add(node, "MS006")
         if last in ("cast", "astype") and _casts_integers_to_half(mod, node):
             add(node, "MS008")
         # measured on MindSpore 2.10: the clash needs the Parameter and an optimizer with that state
         # in one ms.jit function (the same names ran fine in a GRAPH_MODE TrainOneStepCell, and in a
         # simulation with no optimizer), so this file must jit and build or call an optimizer
-        if last == "Parameter" and mod.jit_names | mod.jit_wrapped and mod.builds_optimizer and _state_name(node) \
-                and not _in_optimizer_class(mod, node):
+        # ... or in a file that builds the Parameters and the optimizer for a step another file of
+        # its project jits
+        if last == "Parameter" and (mod.jit_names or mod.jit_wrapped or mod.project_jits) and mod.builds_optimizer \
+                and _state_name(node) and not _in_optimizer_class(mod, node):
             add(node, "MS009")
         if last == "control_depend":
             add(node, "MS016")
-        if isinstance(node.func, ast.Name) and node.func.id in mod.jit_names:
-            for arg in node.args:
+        if _calls_jitted(mod, node):
+            for arg in list(node.args) + [k.value for k in node.keywords]:
                 if _varies_per_call(mod, node, arg):
                     add(arg, "MS003")
+                elif _python_list(mod, node, arg) and _runs_repeatedly(mod, node):
+                    add(arg, "MS017")
     _check_loads(mod, add)
     for defs in mod.functions.values():
         for fn in defs:
             for dec in fn.decorator_list:
                 if isinstance(dec, ast.Call) and _is_jit(mod, dec):
                     mode = _kw(dec, "capture_mode")
-                    if isinstance(mode, ast.Constant) and mode.value == "trace":
+                    if isinstance(mode, ast.Constant) and mode.value == "trace" and _has_side_effects(mod, fn):
                         add(dec, "MS006")
+
+
+SIDE_EFFECTS = {"value_and_grad", "grad", "assign", "assign_add", "assign_sub", "scatter_update", "depend",
+                "GradOperation", "TrainOneStepCell"}
+
+
+def _has_side_effects(mod, fn) -> bool:
+    """A training step: it computes gradients, calls an optimizer, or assigns to Parameters (what
+    a traced graph replays without); a pure function traces fine."""
+    names = {fn.name} | {c.func.id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    for name in names:
+        for f in mod.functions.get(name, []):
+            for c in ast.walk(f):
+                if isinstance(c, ast.Call):
+                    last = _last(c.func.func if isinstance(c.func, ast.Call) else c.func)
+                    if last in SIDE_EFFECTS or last.lower() in OPTIMIZER_WORDS or last.lower().endswith("optimizer") \
+                            or (isinstance(c.func, ast.Name) and c.func.id in mod.grad_targets):
+                        return True
+    return False
+
+
+def _may_step(mod, traced) -> bool:
+    """`ms.jit(f, capture_mode='trace')`: f is a training step, or not defined in this file (unknown)."""
+    if not isinstance(traced, ast.Name) or traced.id not in mod.functions:
+        return True
+    return any(_has_side_effects(mod, fn) for fn in mod.functions[traced.id])
+
+
+def _calls_jitted(mod, call) -> bool:
+    """A call of a jitted function of this file (`step(x)`) or of a jitted method (`self.step(x)`,
+    `model.step(x)`: a `@jit` def inside a class)."""
+    if isinstance(call.func, ast.Name):
+        return call.func.id in mod.jit_names
+    return isinstance(call.func, ast.Attribute) and call.func.attr in mod.jit_methods
+
+
+def _is_list_expr(value) -> bool:
+    if isinstance(value, (ast.List, ast.ListComp)):
+        return True
+    if isinstance(value, ast.Call):
+        return (isinstance(value.func, ast.Name) and value.func.id == "list") or \
+            (isinstance(value.func, ast.Attribute) and value.func.attr == "tolist")
+    return False
+
+
+def _python_list(mod, call, arg) -> bool:
+    """A Python list: a literal, a comprehension, `list(...)`, `.tolist()`, or a name the same scope
+    bound to one (last binding before the call)."""
+    if _is_list_expr(arg):
+        return True
+    if not isinstance(arg, ast.Name):
+        return False
+    scope = mod.scope_of[call]
+    binds = [n for n in mod.nodes if isinstance(n, ast.Assign) and mod.scope_of[n] is scope and n.lineno < call.lineno
+             and any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
+    latest = max(binds, key=lambda n: n.lineno, default=None)
+    return latest is not None and _is_list_expr(latest.value)
+
+
+def _runs_repeatedly(mod, call) -> bool:
+    """In a loop, or in a function (a step or method called per batch), not a one-off module-level call."""
+    return any(isinstance(a, (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunctionDef, ast.comprehension))
+               for a in _ancestors(mod, call))
 
 
 def _fails_to_parse(mod, lam) -> bool:
@@ -536,7 +909,7 @@ def _compiled_grad(mod, call) -> bool:
     make another model's eager training loop graph code.)"""
     if _last(call.func) not in ("value_and_grad", "grad"):
         return False
-    if mod.file_graph_mode:
+    if mod.file_graph_mode and mod.mode_at(_top_statement(mod, call).lineno) != "pynative":
         return True
     parent = mod.parents.get(call)
     return isinstance(parent, ast.Assign) and any(
@@ -551,8 +924,9 @@ SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 def _check_loads(mod, add) -> None:
     """MS005 in the order code runs: in one scope, a weight load after a call that runs a jitted
-    function (directly or through a function of this file that does), into a net that function
-    uses. A load in another function, or in `__main__` before `train()` is called, is not one."""
+    function (directly or through a function of this file that does) and before another such call,
+    into a net that function uses. A load in another function, in `__main__` before `train()` is
+    called, or after the last compiled call (the best weights loaded for a plain evaluation) is not one."""
     if not mod.jit_names:
         return
     scopes = [mod.tree] + [fn for defs in mod.functions.values() for fn in defs]
@@ -568,7 +942,9 @@ def _check_loads(mod, add) -> None:
         if not jit_lines:
             continue
         for call in calls[id(scope)]:
-            if call.lineno > min(jit_lines) and _last(call.func) in LOADS:
+            # stale only when compiled code ran before the load and runs again after it (a load of the
+            # best weights before evaluating with the plain network reads the new weights)
+            if min(jit_lines) < call.lineno < max(jit_lines) and _last(call.func) in LOADS:
                 target = _load_target(call)
                 if target and (used is None or target in used):
                     add(call, "MS005")
@@ -685,7 +1061,41 @@ def _casts_integers_to_half(mod, call: ast.Call) -> bool:
         used = node.args[index].id
         if (used == subject.id and since < node.lineno <= call.lineno) or (used in results and node.lineno >= call.lineno):
             return True
+    return bool(results) and _reaches_class_label(mod, scope, results, call.lineno)
+
+
+CROSS_ENTROPY = ("crossentropyloss", "cross_entropy", "softmaxcrossentropywithlogits", "nllloss", "nll_loss",
+                 "sparsesoftmaxcrossentropywithlogits", "focalloss")
+
+
+def _reaches_class_label(mod, scope, names: set, after: int) -> bool:
+    """One of `names` is passed, after line `after`, to a function of this file (the forward behind a
+    `value_and_grad`, the tutorial's shape) that gives that argument to a cross-entropy as its label:
+    the cast value is a class index."""
+    targets = mod.grad_targets
+    for node in ast.walk(scope):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.lineno > after):
+            continue
+        for callee in mod.functions.get(targets.get(node.func.id, node.func.id), []):
+            params = _params(callee)
+            passed = {params[i] for i, a in enumerate(node.args) if i < len(params)
+                      and isinstance(a, ast.Name) and a.id in names}
+            passed |= {k.arg for k in node.keywords if k.arg in params and isinstance(k.value, ast.Name)
+                       and k.value.id in names}
+            if passed and any(_is_cross_entropy(mod, c) and len(c.args) > 1 and isinstance(c.args[1], ast.Name)
+                              and c.args[1].id in passed for c in ast.walk(callee) if isinstance(c, ast.Call)):
+                return True
     return False
+
+
+def _is_cross_entropy(mod, call) -> bool:
+    """A cross-entropy call: `ops.cross_entropy(...)`, `nn.CrossEntropyLoss()(...)`, or a name or
+    `self.` attribute the file binds to a cross-entropy Cell (`loss_fn = nn.CrossEntropyLoss()`)."""
+    callee = call.func.func if isinstance(call.func, ast.Call) else call.func
+    if _last(callee).lower() in CROSS_ENTROPY:
+        return True
+    name = _dotted(callee)
+    return bool(name) and name in mod.cross_entropy_names
 
 
 def _state_name(call: ast.Call) -> bool:
@@ -707,10 +1117,24 @@ def _in_optimizer_class(mod, node) -> bool:
                                                    for b in a.bases) for a in _ancestors(mod, node))
 
 
+NUMBER_CALLS = {"float", "int", "abs", "min", "max", "round", "len", "pow", "sqrt", "cos", "sin", "exp", "log"}
+
+
 def _varies_per_call(mod, call, arg) -> bool:
-    """A Python number that changes from call to call: a loop counter, or a number bumped in the loop."""
+    """A Python number that changes from call to call: a loop counter, a number bumped in the loop,
+    or arithmetic on one (`1.0 / (epoch + 1)`)."""
     if isinstance(arg, ast.Call) and _last(arg.func) in ("float", "int", "item"):
         return True
+    if isinstance(arg, (ast.BinOp, ast.UnaryOp)):
+        names = [n for n in ast.walk(arg) if isinstance(n, ast.Name)]
+        calls = [c for c in ast.walk(arg) if isinstance(c, ast.Call)]
+        if all(_last(c.func) in NUMBER_CALLS for c in calls) and \
+                not any(isinstance(n, ast.Attribute) for n in ast.walk(arg)
+                        if not (isinstance(n, ast.Attribute) and _dotted(n).startswith("math."))):
+            # every name a Python number (`x * epoch` may be a tensor times a counter: not one)
+            varies = [_varies_per_call(mod, call, n) for n in names]
+            return any(varies) and all(v or n.id == "math" or _is_python_number(mod, call, n.id)
+                                       for v, n in zip(varies, names))
     if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Attribute) and arg.func.attr == "item":
         return True
     if not isinstance(arg, ast.Name):
@@ -737,10 +1161,20 @@ def _is_python_number(mod, node, name: str) -> bool:
     scope_of = mod.scope_of
     values = [n.value for n in mod.nodes if isinstance(n, ast.Assign) and scope_of[n] is scope
               and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    # `max_len, batch = path.shape[1], targets.shape[0]` / `b, c = x.shape`: shape entries are ints
+    for n in mod.nodes:
+        if isinstance(n, ast.Assign) and scope_of[n] is scope:
+            for t in n.targets:
+                if isinstance(t, ast.Tuple) and any(isinstance(e, ast.Name) and e.id == name for e in t.elts):
+                    i = next(i for i, e in enumerate(t.elts) if isinstance(e, ast.Name) and e.id == name)
+                    values.append(n.value.elts[i] if isinstance(n.value, ast.Tuple) and i < len(n.value.elts)
+                                  else n.value)
 
     def number(v):
         return (isinstance(v, ast.Constant) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool)) \
             or (isinstance(v, ast.UnaryOp) and number(v.operand)) \
-            or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in ("int", "float", "len"))
+            or (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in ("int", "float", "len")) \
+            or (isinstance(v, ast.Attribute) and v.attr == "shape") \
+            or (isinstance(v, ast.Subscript) and isinstance(v.value, ast.Attribute) and v.value.attr == "shape")
 
     return bool(values) and all(number(v) for v in values)

@@ -38,10 +38,12 @@ def to_sarif(findings: list[dict], version: str, base: str | None = None) -> dic
     index = {rule_id: i for i, rule_id in enumerate(sorted(RULES))}
     results = [{
         "ruleId": f["rule"], "ruleIndex": index[f["rule"]], "level": LEVELS[f["severity"]],
-        "message": {"text": f"{f['message']}. Fix: {f['fix']}"},
+        "message": {"text": (f"cell {f['cell']}, line {f['line']}: " if f.get("cell") else "")
+                    + f"{f['message']}. Fix: {f['fix']}"},
         "locations": [{"physicalLocation": {
             "artifactLocation": _location(f["path"], base),
             "region": {"startLine": f["line"], "startColumn": f["col"] + 1}}}],
+        **({"properties": {"cell": f["cell"]}} if f.get("cell") else {}),
     } for f in findings]
     return {"$schema": SCHEMA, "version": "2.1.0", "runs": [{
         "tool": {"driver": {"name": "mindstep doctor", "version": version, "semanticVersion": version,
