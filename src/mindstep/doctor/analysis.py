@@ -382,12 +382,29 @@ class Module:
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
                     name = grad_targets.get(call.func.id, call.func.id)
                     queue.extend(self.functions.get(name, []))
+                    # model(x) where model = Seq2Seq(...), a Cell of this file: its construct compiles
+                    # with the function (a notebook's @jit step calling the model it built)
+                    queue.extend(self.instance_constructs.get(call.func.id, []))
                 elif isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
                         and isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
                     # self.helper(x) from graph code compiles the helper too (a method of the same
                     # class; a Cell attribute's own construct is a root of its own)
                     queue.extend(self.methods(fn).get(call.func.attr, []))
         return [fn for defs in self.functions.values() for fn in defs if id(fn) in seen]
+
+    @functools.cached_property
+    def instance_constructs(self) -> dict:
+        """Module-level `name = SomeCell(...)` for classes of this file -> [SomeCell.construct]."""
+        constructs = {n.name: [m for m in n.body if isinstance(m, ast.FunctionDef) and m.name == "construct"]
+                      for n in self.tree.body if isinstance(n, ast.ClassDef)}
+        out = {}
+        for n in self.tree.body:
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) \
+                    and constructs.get(n.value.func.id):
+                for t in n.targets:
+                    if isinstance(t, ast.Name):
+                        out[t.id] = constructs[n.value.func.id]
+        return out
 
     def methods(self, fn) -> dict:
         """name -> [def] of the methods of the class `fn` is a method of ({} for a function)."""
@@ -578,10 +595,20 @@ def _check_graph_function(mod: Module, fn, add) -> None:
                 add(node, "MS014")
             if name == "print" and not (_conditional(mod, node, fn) and _has_message(node)):
                 add(node, "MS013")
-            if last in ("asnumpy", "item", "tolist") and isinstance(node.func, ast.Attribute) \
+            # node.func.attr, not the dotted name: x[0].asnumpy() and x.sum().item() have no dotted name
+            if isinstance(node.func, ast.Attribute) and node.func.attr in ("asnumpy", "item", "tolist") \
                     and not (last == "item" and _dotted(node.func.value).startswith("self.")
                              and _dotted(node.func.value)[5:] in mod.parameter_attrs):
-                add(node, "MS010")  # Parameter.item() compiles (measured, STRICT syntax level too)
+                # Parameter.item() compiles (measured, STRICT syntax level too); a tensor the function
+                # builds from constants (x = ms.tensor(np.array([0, 1]))) is folded at compile time
+                root = _root_name(node.func.value)
+                built = root in mod.ms_modules or root in mod.numpy_names  # ms.tensor([10]).asnumpy()
+                if (root is None or root not in local or root in params) and not built:
+                    add(node, "MS010")
+                else:
+                    tensors = _tensor_names(fn, mod.tensor_params[id(fn)]) if tensors is None else tensors
+                    if (root in tensors and not built) or (built and _mentions_tensor(node.func.value, tensors)):
+                        add(node, "MS010")
             if _random_call(mod, node):
                 add(node, "MS018")
             if name.split(".")[0] in mod.numpy_names and "." in name:
@@ -620,6 +647,13 @@ def _check_graph_function(mod: Module, fn, add) -> None:
         for arg in fn.args.args:
             if arg.arg in ("net", "network", "model", "optimizer", "opt", "loss_fn"):
                 add(arg, "MS015")
+
+
+def _root_name(expr):
+    """`x[0].sum()` -> 'x'; None when the expression does not start from a plain name."""
+    while isinstance(expr, (ast.Subscript, ast.Attribute, ast.Call)):
+        expr = expr.func if isinstance(expr, ast.Call) else expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
 
 
 def _conditional(mod, node, fn) -> bool:

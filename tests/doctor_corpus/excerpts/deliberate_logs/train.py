@@ -1,0 +1,2 @@
+import mindspore as ms
+ms.set_context(mode=0)

@@ -1,0 +1,2 @@
+from mindspore import context
+context.set_context(mode=context.GRAPH_MODE)

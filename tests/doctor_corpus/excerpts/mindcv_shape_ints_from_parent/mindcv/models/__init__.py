@@ -1,0 +1,2 @@
+from .edgenext import *
+from .xcit import *

@@ -1,0 +1,1 @@
+from grover.grover import Grover
