@@ -54,19 +54,23 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("findings", nargs="?", help="a --json file of tools/doctor_corpus.py")
+    parser.add_argument("findings", nargs="*", help="--json files of tools/doctor_corpus.py")
     parser.add_argument("--column", choices=("found_before", "found_after"),
                         help="print the table of the findings the judged list records for that run instead")
+    parser.add_argument("--set", choices=("development", "held-out"),
+                        help="only the repositories of that set (held-out: judged after the rules were settled)")
     args = parser.parse_args(argv)
     with open(JUDGED, newline="", encoding="utf-8") as fh:
-        judged = list(csv.DictReader(fh))
+        judged = [r for r in csv.DictReader(fh) if args.set is None or r["set"] == args.set]
     if args.column:
         print(table([r for r in judged if r[args.column] == "yes"]))
         return 0
     if not args.findings:
         parser.error("give a findings file, or --column")
-    with open(args.findings, encoding="utf-8") as fh:
-        findings = [f for f in json.load(fh)["findings"] if f["rule"] != "MS000"]
+    findings = []
+    for path in args.findings:
+        with open(path, encoding="utf-8") as fh:
+            findings += [f for f in json.load(fh)["findings"] if f["rule"] != "MS000"]
     index = collections.defaultdict(list)
     for r in judged:
         index[r["repo"], r["file"], r["line"], r["rule"]].append(r)

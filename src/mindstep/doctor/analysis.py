@@ -364,7 +364,7 @@ class Module:
             for fn in defs:
                 if any(_is_jit(self, d) for d in fn.decorator_list):
                     roots.append(fn)
-                elif fn.name == "construct" and self.graph_mode:
+                elif fn.name == "construct" and self.graph_mode and _may_be_cell(self, fn):
                     roots.append(fn)
         for node in self.nodes:
             if isinstance(node, ast.Call) and _is_jit(self, node) and node.args and isinstance(node.args[0], ast.Name):
@@ -649,6 +649,13 @@ def _check_graph_function(mod: Module, fn, add) -> None:
                 add(arg, "MS015")
 
 
+def _may_be_cell(mod, fn) -> bool:
+    """A `construct` of a class with a base class (a Cell, or a class that may derive from one); a
+    plain class's `construct` (`class ArgmaxPost:` in a serving script) is ordinary Python."""
+    cls = mod.parents.get(fn)
+    return not isinstance(cls, ast.ClassDef) or any(_last(b) != "object" for b in cls.bases)
+
+
 def _root_name(expr):
     """`x[0].sum()` -> 'x'; None when the expression does not start from a plain name."""
     while isinstance(expr, (ast.Subscript, ast.Attribute, ast.Call)):
@@ -834,8 +841,10 @@ def _check_module(mod: Module, add) -> None:
         # simulation with no optimizer), so this file must jit and build or call an optimizer
         # ... or in a file that builds the Parameters and the optimizer for a step another file of
         # its project jits
-        if last == "Parameter" and (mod.jit_names or mod.jit_wrapped or mod.project_jits) and mod.builds_optimizer \
-                and _state_name(node) and not _in_optimizer_class(mod, node):
+        # (where only another file jits, a Parameter a Cell holds as `self.x` is not one: the Cell
+        # prefixes its sub-Cells' (the optimizers') state names, as in a TrainOneStepCell)
+        if last == "Parameter" and mod.builds_optimizer and _state_name(node) and not _in_optimizer_class(mod, node) \
+                and (mod.jit_names or mod.jit_wrapped or (mod.project_jits and not _cell_attribute(mod, node))):
             add(node, "MS009")
         if last == "control_depend":
             add(node, "MS016")
@@ -879,6 +888,13 @@ def _may_step(mod, traced) -> bool:
     if not isinstance(traced, ast.Name) or traced.id not in mod.functions:
         return True
     return any(_has_side_effects(mod, fn) for fn in mod.functions[traced.id])
+
+
+def _cell_attribute(mod, call) -> bool:
+    """`self.step = Parameter(...)`: the Parameter is a Cell's attribute."""
+    parent = mod.parents.get(call)
+    return isinstance(parent, ast.Assign) and any(isinstance(t, ast.Attribute) and _dotted(t.value) == "self"
+                                                  for t in parent.targets)
 
 
 def _calls_jitted(mod, call) -> bool:

@@ -54,8 +54,10 @@ def modes_set(nodes) -> set:
     """The modes the `set_context(mode=...)` calls among `nodes` set: 'graph' for GRAPH_MODE, 0, or a
     value read from a config or argument (MindSpore's model zoos default it to 0); 'pynative' for
     PYNATIVE_MODE or 1; 'unset' for a set_context that configures the run (device, memory) and
-    leaves the mode at its default."""
-    found = set()
+    leaves the mode at its default. A choice between the two on a command-line flag (`GRAPH_MODE if
+    args.mode == "graph" else PYNATIVE_MODE`) is decided by the flag's argparse default in the file."""
+    nodes = list(nodes)
+    found, defaults, choices = set(), None, None
     for node in nodes:
         if isinstance(node, ast.Call) and last(node.func) == "set_context":
             mode = kw(node, "mode")
@@ -63,11 +65,56 @@ def modes_set(nodes) -> set:
                 if node.keywords and all(k.arg is not None for k in node.keywords):
                     found.add("unset")
                 continue
+            if isinstance(mode, ast.Name):  # mode = PYNATIVE_MODE if args.mode == "py" else GRAPH_MODE
+                if choices is None:
+                    choices = {t.id: n.value for n in nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.IfExp)
+                               for t in n.targets if isinstance(t, ast.Name)}
+                mode = choices.get(mode.id, mode)
+            if isinstance(mode, ast.IfExp):
+                defaults = _argparse_defaults(nodes) if defaults is None else defaults
+                taken = _evaluate(mode.test, defaults)
+                if taken is not None:
+                    mode = mode.body if taken else mode.orelse
             if isinstance(mode, ast.Constant):
                 found.add("graph" if mode.value == 0 else "pynative")
             else:
                 found.add("pynative" if last(mode).startswith("PYNATIVE") else "graph")
     return found
+
+
+def _argparse_defaults(nodes) -> dict:
+    """`parser.add_argument("--mode", default="PYNATIVE")` -> {"mode": "PYNATIVE"}."""
+    out = {}
+    for node in nodes:
+        if isinstance(node, ast.Call) and last(node.func) == "add_argument" and node.args \
+                and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("--"):
+            default = kw(node, "default")
+            if isinstance(default, ast.Constant):
+                out[node.args[0].value[2:].replace("-", "_")] = default.value
+    return out
+
+
+def _evaluate(test, defaults: dict):
+    """The truth of a mode choice's test on the command line's defaults (`args.mode == "py"`,
+    `args.mode.upper().startswith("GRAPH")`); None when the test is not of that form."""
+    def value(expr):
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+            return defaults.get(expr.attr)
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in ("upper", "lower"):
+            inner = value(expr.func.value)
+            return getattr(inner, expr.func.attr)() if isinstance(inner, str) else None
+        return None
+
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant):
+        left = value(test.left)
+        if left is not None and isinstance(test.ops[0], (ast.Eq, ast.NotEq)):
+            return (left == test.comparators[0].value) == isinstance(test.ops[0], ast.Eq)
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Attribute) and test.func.attr in ("startswith", "endswith") \
+            and test.args and isinstance(test.args[0], ast.Constant):
+        subject = value(test.func.value)
+        if isinstance(subject, str):
+            return getattr(subject, test.func.attr)(test.args[0].value)
+    return None
 
 
 def builds_optimizer(nodes) -> bool:

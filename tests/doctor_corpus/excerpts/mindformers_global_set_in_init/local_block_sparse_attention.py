@@ -24,7 +24,7 @@ class LocalBlockSparseAttention(nn.Cell):
         self.gather1 = P.Gather()
 
     def construct(self, k, v, bsz):
-        k = self.gather1(k, kv_index, 2)  # judged: lbsa-a
-        v = self.gather1(v, kv_index, 2)  # judged: lbsa-b
-        mask_index_ = P.tile(mask_index, (bsz, 1, 1))  # judged: lbsa-c
+        k = self.gather1(k, kv_index, 2)  # judged: lbsa-a lbsa-a-2 lbsa-a-3 lbsa-a-2 lbsa-a-3
+        v = self.gather1(v, kv_index, 2)  # judged: lbsa-b lbsa-b-2 lbsa-b-3 lbsa-b-2 lbsa-b-3
+        mask_index_ = P.tile(mask_index, (bsz, 1, 1))  # judged: lbsa-c lbsa-c-2 lbsa-c-3 lbsa-c-2 lbsa-c-3
         return k, v, mask_index_
