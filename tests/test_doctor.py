@@ -1011,3 +1011,27 @@ def test_explain_cli_reads_stdin_and_says_when_unknown(monkeypatch, capsys):
     monkeypatch.setattr("sys.stdin", io.StringIO("ZeroDivisionError: division by zero"))
     assert main(["doctor", "--explain", "-"]) == 1
     assert "no known MindSpore error" in capsys.readouterr().out
+
+
+def test_explain_a_rule_prints_its_measurement(capsys):
+    assert main(["doctor", "--explain", "ms017"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("MS017 jit-list-arg [warning]") and "measured: tools/doctor_evidence.py" in out
+    assert main(["doctor", "--explain", "MS099"]) == 2
+    assert "no rule MS099" in capsys.readouterr().err
+    assert main(["doctor", "--explain", "MS013", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rule"]["evidence"]
+
+
+def test_notebook_findings_are_located_by_cell_and_line(tmp_path, capsys):
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# notes"]},
+             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 1,
+              "source": ["!pip install mindspore\n", "import mindspore as ms\n", "%time x = 1\n", "@ms.jit\n",
+                         "def step(x):\n", "    print(x)\n", "    return x"]}]
+    nb = tmp_path / "course.ipynb"
+    nb.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "course-checkpoint.ipynb").write_text(nb.read_text())
+    assert main(["doctor", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{nb}:2:6:5: warning MS013" in out and "checkpoint" not in out and out.count("MS013") == 1

@@ -25,11 +25,11 @@ def _mlp():
     return nn.SequentialCell([nn.Dense(16, 16) for _ in range(20)])
 
 
-def _timed(fn, *args) -> float:
+def _timed(fn, *args, digits=3) -> float:
     t = time.perf_counter()
     out = fn(*args)
     (out[0] if isinstance(out, tuple) else out).asnumpy()
-    return round(time.perf_counter() - t, 3)
+    return round(time.perf_counter() - t, digits)
 
 
 def _first(cell, calls=3) -> list:
@@ -167,6 +167,28 @@ def case_list_arg():
     mutable = [_timed(pair, ms.mutable([X, X])) for _ in range(4)]
     return {"new lists": new, "the same list": same, "Tensor": tensor, "list of Tensors": tensors,
             "ms.mutable(list of Tensors)": mutable}
+
+
+def case_asnumpy():
+    @ms.jit
+    def synced(x):
+        return ops.ones((2,)) * float(x.asnumpy())
+
+    @ms.jit
+    def graph(x):
+        return ops.ones((2,)) * x
+
+    calls = {name: [_timed(fn, Tensor([float(i)], ms.float32), digits=4) for i in range(5)] for name, fn in
+             (("asnumpy in jit", synced), ("tensor math", graph))}
+
+    def strict(x):
+        return ops.ones((2,)) * float(x.asnumpy())
+    try:
+        ms.jit(strict, fullgraph=True)(Tensor([1.0], ms.float32))
+        calls["fullgraph=True"] = "runs"
+    except Exception as err:
+        calls["fullgraph=True"] = f"{type(err).__name__}: {str(err).splitlines()[0][:80]}"
+    return calls
 
 
 def case_cell_arg():

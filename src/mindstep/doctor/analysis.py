@@ -117,10 +117,28 @@ class Module:
         outer = fns[-1]
         if outer.name == "__init__":
             return True
-        callers = [c for c in self.nodes if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-                   and c.func.id == outer.name]
+        callers = self.calls_by_name.get(outer.name, [])
         return bool(callers) and all(any(isinstance(a, ast.FunctionDef) and a.name == "__init__"
                                          for a in _ancestors(self, c)) for c in callers)
+
+    def assigns_in(self, scope) -> list:
+        """The assignments whose scope is `scope` (indexed once)."""
+        index = self.__dict__.get("_assigns_index")
+        if index is None:
+            index = self.__dict__["_assigns_index"] = {}
+            for n in self.nodes:
+                if isinstance(n, ast.Assign):
+                    index.setdefault(id(self.scope_of[n]), []).append(n)
+        return index.get(id(scope), [])
+
+    @functools.cached_property
+    def calls_by_name(self) -> dict:
+        """name -> the calls `name(...)` in the file (one walk, not one per question)."""
+        out = {}
+        for c in self.nodes:
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name):
+                out.setdefault(c.func.id, []).append(c)
+        return out
 
     @functools.cached_property
     def parameter_attrs(self) -> set:
@@ -922,7 +940,7 @@ def _python_list(mod, call, arg) -> bool:
     if not isinstance(arg, ast.Name):
         return False
     scope = mod.scope_of[call]
-    binds = [n for n in mod.nodes if isinstance(n, ast.Assign) and mod.scope_of[n] is scope and n.lineno < call.lineno
+    binds = [n for n in mod.assigns_in(scope) if n.lineno < call.lineno
              and any(isinstance(t, ast.Name) and t.id == arg.id for t in n.targets)]
     latest = max(binds, key=lambda n: n.lineno, default=None)
     return latest is not None and _is_list_expr(latest.value)
@@ -1208,17 +1226,13 @@ def _is_python_number(mod, node, name: str) -> bool:
     `len(...)`); `x = ms.Tensor([0])` then `x += 1` is a tensor, and passing it does not recompile."""
     scope = next((a for a in _ancestors(mod, node) if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))),
                  mod.tree)
-    scope_of = mod.scope_of
-    values = [n.value for n in mod.nodes if isinstance(n, ast.Assign) and scope_of[n] is scope
-              and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+    values = [n.value for n in mod.assigns_in(scope) if any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
     # `max_len, batch = path.shape[1], targets.shape[0]` / `b, c = x.shape`: shape entries are ints
-    for n in mod.nodes:
-        if isinstance(n, ast.Assign) and scope_of[n] is scope:
-            for t in n.targets:
-                if isinstance(t, ast.Tuple) and any(isinstance(e, ast.Name) and e.id == name for e in t.elts):
-                    i = next(i for i, e in enumerate(t.elts) if isinstance(e, ast.Name) and e.id == name)
-                    values.append(n.value.elts[i] if isinstance(n.value, ast.Tuple) and i < len(n.value.elts)
-                                  else n.value)
+    for n in mod.assigns_in(scope):
+        for t in n.targets:
+            if isinstance(t, ast.Tuple) and any(isinstance(e, ast.Name) and e.id == name for e in t.elts):
+                i = next(i for i, e in enumerate(t.elts) if isinstance(e, ast.Name) and e.id == name)
+                values.append(n.value.elts[i] if isinstance(n.value, ast.Tuple) and i < len(n.value.elts) else n.value)
 
     def number(v):
         return (isinstance(v, ast.Constant) and isinstance(v.value, (int, float)) and not isinstance(v.value, bool)) \

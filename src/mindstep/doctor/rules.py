@@ -99,7 +99,9 @@ _RULES = [
          "Python interpreter, syncs with the host, and fails under fullgraph=True ('cannot get attributes "
          "asnumpy')",
          "use mindspore.ops for tensor math inside the step; read values on the host after the call",
-         "tools/doctor_evidence.py `param_item` and `shape_ints`: Parameter.item() inside construct compiles "
+         "tools/doctor_evidence.py `asnumpy`: float(x.asnumpy()) in a jitted function runs through JIT Fallback "
+         "on the host each call and fails with fullgraph=True ('In JIT strict mode, cannot get attributes "
+         "asnumpy'); `param_item` and `shape_ints`: Parameter.item() inside construct compiles "
          "and is not reported; np.zeros((B, H, W)) with B, H, W the Python ints a parent Cell passes "
          "(from x.shape) is a compile-time constant and is not reported; numpy on a tensor's values is"),
     Rule("MS011", "scheduler-step-in-jit", "error",
