@@ -558,26 +558,23 @@ CASES = {
         """
         @ms.jit
         def step(x):
-            out = {"loss": x}
-            out.update(aux)  # BAD
-            return out
+            aux = {"m": x.mean()}
+            return {"loss": x.sum(), **aux}  # BAD
         """, """
-        def fwd(x):
-            m = dict()
-            m.update({"a": x})  # BAD
-            return m
+        def fwd(x, metrics):
+            out = {**metrics, "x": x}  # BAD
+            return out
         train = ms.jit(fwd)
         """], [
         """
         @ms.jit
         def step(x):
-            ema.update()
-            return x
-        """, """
-        def host(x):
             out = {"loss": x}
             out.update(aux)
             return out
+        """, """
+        def host(x):
+            return {"loss": x, **aux}
         """]),
     "MS015": ([
         """

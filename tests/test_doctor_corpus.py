@@ -93,7 +93,7 @@ def test_judged_list_is_complete_and_its_precision_meets_the_targets():
 def test_the_measurements_behind_the_rules_hold_on_this_mindspore():
     """The facts (not the timings) of tools/doctor_evidence.py, in one fresh interpreter."""
     cases = ["dead_print", "param_item", "np_random", "py_random", "shape_ints", "global_append", "stale_global",
-             "control_depend"]
+             "control_depend", "dict_update", "dict_unpack", "half_label"]
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "doctor_evidence.py"), *cases], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -108,3 +108,6 @@ def test_the_measurements_behind_the_rules_hold_on_this_mindspore():
     assert results["global_append"] == "0"  # the append inside jit did not happen on the host
     assert results["stale_global"] == "[2.0, 2.0]"  # the rebound global is not seen
     assert results["control_depend"] == "[False, False]"
+    assert results["dict_update"] == "[{'loss': 0.0, 'm': 0.0}, {'loss': 32.0, 'm': 1.0}, {'loss': 64.0, 'm': 2.0}]"
+    assert results["dict_unpack"] == "[\"(('m',),)\", 'loss']"  # ** unpacking: a tuple key instead of 'm'
+    assert "should be Int32" in results["half_label"] and "'float16(2049)': 2048.0" in results["half_label"]

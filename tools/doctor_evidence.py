@@ -102,6 +102,35 @@ def case_shape_ints():
     return _first(Outer())
 
 
+def case_dict_update():
+    class Net(nn.Cell):
+        def construct(self, x):
+            out = {"loss": x.sum()}
+            out.update({"m": x.mean()})
+            return out
+    net = Net()
+    return [{k: float(v.asnumpy()) for k, v in net(X * i).items()} for i in range(3)]
+
+
+def case_dict_unpack():
+    class Net(nn.Cell):
+        def construct(self, x):
+            aux = {"m": x.mean()}
+            return {"loss": x.sum(), **aux}
+    return sorted(str(k) for k in Net()(X))
+
+
+def case_half_label():
+    logits = Tensor(np.zeros((2, 3000), np.float32))
+    label = Tensor(np.array([1, 2049]), ms.int32)
+    try:
+        nn.CrossEntropyLoss()(logits, ops.cast(label, ms.float16))
+        result = "runs"
+    except Exception as err:
+        result = f"{type(err).__name__}: {str(err).splitlines()[0][:90]}"
+    return {"CrossEntropyLoss(float16 labels)": result, "float16(2049)": float(np.float16(2049))}
+
+
 _LOG = []
 
 

@@ -32,12 +32,13 @@ def _key(finding: dict, corpus_marker: str = "__") -> tuple | None:
     return parts[repo_at].replace("__", "/"), "/".join(parts[repo_at + 1:]), line, finding["rule"]
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], severity: str = "severity") -> str:
+    """Per rule: findings, true, false; then per severity (`severity_before`: as the rules stood then)."""
     by_rule = collections.defaultdict(lambda: [0, 0, "", ""])
     for r in rows:
         entry = by_rule[r["rule"]]
         entry[0 if r["verdict"] == "true" else 1] += 1
-        entry[2] = r["severity"]
+        entry[2] = r[severity]
     lines = ["| rule | severity | findings | true | false |", "|---|---|---|---|---|"]
     totals = collections.Counter()
     for rule in sorted(by_rule):
@@ -63,7 +64,8 @@ def main(argv=None) -> int:
     with open(JUDGED, newline="", encoding="utf-8") as fh:
         judged = [r for r in csv.DictReader(fh) if args.set is None or r["set"] == args.set]
     if args.column:
-        print(table([r for r in judged if r[args.column] == "yes"]))
+        print(table([r for r in judged if r[args.column] == "yes"],
+                    "severity_before" if args.column == "found_before" else "severity"))
         return 0
     if not args.findings:
         parser.error("give a findings file, or --column")

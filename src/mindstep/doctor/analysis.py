@@ -584,9 +584,6 @@ def _check_graph_function(mod: Module, fn, add) -> None:
     local = _local_names(fn)
     params = {a.arg for a in fn.args.args}
     jit_root = fn.name in mod.jit_names or fn.name in mod.jit_wrapped
-    dicts = {t.id for n in ast.walk(fn) if isinstance(n, ast.Assign) and (
-        isinstance(n.value, ast.Dict) or (isinstance(n.value, ast.Call) and _dotted(n.value.func) == "dict"))
-        for t in n.targets if isinstance(t, ast.Name)}
     opt_call_line = None
     tensors = None  # the function's tensor-valued names, worked out when a numpy call needs them
     inference = set()
@@ -609,8 +606,6 @@ def _check_graph_function(mod: Module, fn, add) -> None:
             base_name = base.id if isinstance(base, ast.Name) else ""
             if last in MUTATORS and base_name and base_name not in local and base_name in mod.module_assign_counts:
                 add(node, "MS001")
-            if last == "update" and base_name in dicts:
-                add(node, "MS014")
             if name == "print" and not (_conditional(mod, node, fn) and _has_message(node)):
                 add(node, "MS013")
             # node.func.attr, not the dotted name: x[0].asnumpy() and x.sum().item() have no dotted name
@@ -640,6 +635,8 @@ def _check_graph_function(mod: Module, fn, add) -> None:
             if isinstance(node.func, ast.Name) and node.func.id.lower() in OPTIMIZER_WORDS or \
                     (isinstance(node.func, ast.Attribute) and node.func.attr in OPTIMIZER_WORDS):
                 opt_call_line = node.lineno if opt_call_line is None else min(opt_call_line, node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is None for k in node.keys):
+            add(node, "MS014")  # {"loss": loss, **aux}: the unpacked entries get a tuple key (measured)
         elif isinstance(node, ast.Lambda) and _fails_to_parse(mod, node):
             add(node, "MS004")
         elif isinstance(node, ast.Global):

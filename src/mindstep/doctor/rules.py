@@ -79,12 +79,13 @@ _RULES = [
          "mindstep.TrainStep(..., accumulate=k)",
          "the tutorial's accumulation step (../shared/seed/tutorial.md, 6.2) run as written: the rebound list "
          "is new on every call, and `step % accum_steps` with a Python step compiles once per step value"),
-    Rule("MS008", "half-cast-label", "warning",
+    Rule("MS008", "half-cast-label", "error",
          "casts integer labels/masks/ids to float16 or bfloat16; class indices and masks must stay integers "
          "(fp16 cannot even represent every index above 2048)",
          "cast only floating inputs; mindstep's precision policies never cast integer inputs",
-         "float16 represents every integer only up to 2048 (2049 rounds to 2048); a class index cast to "
-         "float16 and given to a cross-entropy is refused or wrong. Reported on evidence only: the value is "
+         "tools/doctor_evidence.py `half_label`: nn.CrossEntropyLoss given float16 class indices fails ('the "
+         "labels should be Int32, but got float16'), in jit too; and float16 holds every integer only up to "
+         "2048 (2049 becomes 2048), so an index used elsewhere is wrong above it. Reported on evidence only: the value is "
          "an integer (int cast, argmax) or is used as an index or class label, in the same function or in "
          "the value_and_grad forward it is passed to"),
     Rule("MS009", "state-name-collision", "error",
@@ -124,12 +125,15 @@ _RULES = [
          "construct print on each of 3 calls; a print in a branch decided at compile time that is not taken "
          "prints nothing. So a print with a message (an error message for a bad shape or config, an overflow "
          "log) under an if or after an early return is not reported; a print of bare values is, wherever it is"),
-    Rule("MS014", "dict-update-in-jit", "warning",
-         "builds a dict with dict.update inside compiled code; measured on MindSpore 2.10, the updated entries "
-         "were constant-folded and kept their first-call values",
-         "build the dict with a literal ({'loss': loss, **aux} is also risky); return tuples and name them on "
-         "the host",
-         "measured on MindSpore 2.10 when the rule was written (the updated entries kept their first-call values)"),
+    Rule("MS014", "dict-unpack-in-jit", "error",
+         "builds a dict with ** unpacking ({'loss': loss, **aux}) inside compiled code; MindSpore 2.10 returns "
+         "the unpacked entries under one tuple key ((('m',),) instead of 'm'), with no error, and a later "
+         "lookup of 'm' fails ('The key m does not exist')",
+         "add the entries one by one or with dict.update (out = {'loss': loss}; out.update(aux): measured "
+         "correct), or return a tuple and name the values on the host",
+         "tools/doctor_evidence.py `dict_unpack` and `dict_update`: {'loss': x.sum(), **aux} in a GRAPH_MODE "
+         "construct returned {'loss': ..., (('m',),): (...)}; out.update(...) returned the right values on each "
+         "of 3 calls (this rule reported dict.update before round 3; that claim did not reproduce on 2.10)"),
     Rule("MS015", "jit-takes-cells", "warning",
          "a jitted function takes the network/optimizer/loss as arguments; a Cell passed to ms.jit compiles the "
          "function again on every call, even when it is the same Cell (the result is right, the time is not)",

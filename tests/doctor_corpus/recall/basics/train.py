@@ -21,9 +21,8 @@ def train_step(x, y):
     optimizer(grads)
     LOSSES.append(loss)  # expect: MS001
     scheduler.step()  # expect: MS011
-    out = {"loss": loss}
-    out.update({"scale": SCALE})  # expect: MS002 MS014
-    return out
+    extra = {"scale": SCALE}  # expect: MS002
+    return {"loss": loss, **extra}  # expect: MS014
 
 
 eval_grad = ms.value_and_grad(lambda x, y: ops.mse_loss(net(x), y), None, optimizer.parameters)  # expect: MS004
