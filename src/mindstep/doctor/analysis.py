@@ -181,7 +181,7 @@ class Module:
                     for callee in cells[call.func.attr]:
                         sites.setdefault(id(callee), []).append((call, tensors))
         for fn in self.graph_functions:
-            if id(fn) not in sites or call_has_star(sites[id(fn)]):
+            if id(fn) not in sites or _passes_star(sites[id(fn)]):
                 continue
             names = [n for n in _params(fn) if n != "self"]
             constant = set(names)
@@ -498,7 +498,7 @@ def _returns_when_training(statement) -> bool:
         and bool(statement.body) and isinstance(statement.body[-1], ast.Return)
 
 
-def call_has_star(sites) -> bool:
+def _passes_star(sites) -> bool:
     """A call site passes *args or **kwargs: which parameter gets what is unknown."""
     return any(isinstance(a, ast.Starred) for call, _ in sites for a in call.args) or \
         any(k.arg is None for call, _ in sites for k in call.keywords)
