@@ -586,17 +586,7 @@ def _check_graph_function(mod: Module, fn, add) -> None:
     jit_root = fn.name in mod.jit_names or fn.name in mod.jit_wrapped
     opt_call_line = None
     tensors = None  # the function's tensor-valued names, worked out when a numpy call needs them
-    inference = set()
-    if not mod.eval_graph_mode:  # the evaluation run is PyNative: its side of `if self.training` is not compiled
-        for node in ast.walk(fn):
-            if isinstance(node, ast.If) and _training_flag(node.test) is not None:
-                side = node.orelse if _training_flag(node.test) else node.body
-                inference |= {id(n) for st in side for n in ast.walk(st)}
-            for block in (getattr(node, "body", None), getattr(node, "orelse", None)):
-                if isinstance(block, list):
-                    after = next((i for i, st in enumerate(block) if _returns_when_training(st)), None)
-                    if after is not None:
-                        inference |= {id(n) for st in block[after + 1:] for n in ast.walk(st)}
+    inference = set() if mod.eval_graph_mode else _inference_nodes(fn)
     for node in ast.walk(fn):
         if id(node) in inference:
             continue
@@ -608,20 +598,9 @@ def _check_graph_function(mod: Module, fn, add) -> None:
                 add(node, "MS001")
             if name == "print" and not (_conditional(mod, node, fn) and _has_message(node)):
                 add(node, "MS013")
-            # node.func.attr, not the dotted name: x[0].asnumpy() and x.sum().item() have no dotted name
             if isinstance(node.func, ast.Attribute) and node.func.attr in ("asnumpy", "item", "tolist") \
-                    and not (last == "item" and _dotted(node.func.value).startswith("self.")
-                             and _dotted(node.func.value)[5:] in mod.parameter_attrs):
-                # Parameter.item() compiles (measured, STRICT syntax level too); a tensor the function
-                # builds from constants (x = ms.tensor(np.array([0, 1]))) is folded at compile time
-                root = _root_name(node.func.value)
-                built = root in mod.ms_modules or root in mod.numpy_names  # ms.tensor([10]).asnumpy()
-                if (root is None or root not in local or root in params) and not built:
-                    add(node, "MS010")
-                else:
-                    tensors = _tensor_names(fn, mod.tensor_params[id(fn)]) if tensors is None else tensors
-                    if (root in tensors and not built) or (built and _mentions_tensor(node.func.value, tensors)):
-                        add(node, "MS010")
+                    and _reads_a_tensor(mod, fn, node, local, params):
+                add(node, "MS010")
             if _random_call(mod, node):
                 add(node, "MS018")
             if name.split(".")[0] in mod.numpy_names and "." in name:
@@ -669,6 +648,41 @@ def _may_be_cell(mod, fn) -> bool:
     plain class's `construct` (`class ArgmaxPost:` in a serving script) is ordinary Python."""
     cls = mod.parents.get(fn)
     return not isinstance(cls, ast.ClassDef) or any(_last(b) != "object" for b in cls.bases)
+
+
+def _inference_nodes(fn) -> set:
+    """ids of the nodes on the side of `if self.training:` (or after `if self.training: return`) that
+    only evaluation takes: not compiled by the training run when the evaluation run is PyNative."""
+    inference = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If) and _training_flag(node.test) is not None:
+            side = node.orelse if _training_flag(node.test) else node.body
+            inference |= {id(n) for st in side for n in ast.walk(st)}
+        for block in (getattr(node, "body", None), getattr(node, "orelse", None)):
+            if isinstance(block, list):
+                after = next((i for i, st in enumerate(block) if _returns_when_training(st)), None)
+                if after is not None:
+                    inference |= {id(n) for st in block[after + 1:] for n in ast.walk(st)}
+    return inference
+
+
+def _reads_a_tensor(mod, fn, call, local, params) -> bool:
+    """`x.asnumpy()`/`.item()`/`.tolist()` that reads a tensor's values on the host (node.func.attr,
+    not the dotted name: x[0].asnumpy() and x.sum().item() have none). Not one: Parameter.item()
+    (compiles, measured, STRICT syntax level too), and a tensor the function builds from constants
+    (`x = ms.tensor(np.array([0, 1]))`, `ms.tensor([10]).asnumpy()`: folded at compile time)."""
+    subject = call.func.value
+    if call.func.attr == "item" and _dotted(subject).startswith("self.") and _dotted(subject)[5:] in mod.parameter_attrs:
+        return False
+    root = _root_name(subject)
+    built = root in mod.ms_modules or root in mod.numpy_names
+    if (root is None or root not in local or root in params) and not built:
+        return True
+    cache = mod.__dict__.setdefault("_tensor_names_cache", {})
+    if id(fn) not in cache:
+        cache[id(fn)] = _tensor_names(fn, mod.tensor_params[id(fn)])
+    tensors = cache[id(fn)]
+    return (root in tensors and not built) or (built and _mentions_tensor(subject, tensors))
 
 
 def _root_name(expr):
