@@ -10,7 +10,7 @@ Each case runs fresh Python processes on the same cache folder and prints one RE
 - `compile_order`: two steps and a smaller last batch, compiled in one order, then in another by a
   second process with the same files -- do the numbered cache entries go to the right graphs?
 Losses are compared with the same process run without the cache (seeded, so equal when right).
-This is the evidence the start-fast issue's compile cache has to be built around.
+A compile cache for mindstep steps has to be built around these facts.
 """
 from __future__ import annotations
 

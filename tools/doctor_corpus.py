@@ -37,13 +37,10 @@ def reach(files, projects) -> tuple[int, int]:
 
 def source_line(finding) -> str:
     try:
-        if finding.get("cell"):
-            import json
+        if finding.get("cell"):  # the notebook's code as the doctor read it, and its (cell, line) map
             with open(finding["path"], encoding="utf-8") as fh:
-                cells = json.load(fh)["cells"]
-            source = cells[finding["cell"] - 1]["source"]
-            source = "".join(source) if isinstance(source, list) else source
-            return source.split("\n")[finding["line"] - 1].strip()
+                text, where, _ = doctor.notebook_source(fh.read())
+            return text.splitlines()[where.index((finding["cell"], finding["line"]))].strip()
         return doctor.read_source(finding["path"]).splitlines()[finding["line"] - 1].strip()
     except (OSError, SyntaxError, ValueError, LookupError, IndexError, KeyError):
         return ""

@@ -148,14 +148,20 @@ class Module:
                 for t in n.targets if isinstance(t, ast.Attribute) and _dotted(t.value) == "self"}
 
     @functools.cached_property
-    def cell_attrs(self) -> dict:
-        """`self.<attr> = SomeCell(...)` -> {attr: the `construct` defs of SomeCell}, for classes of this file."""
+    def class_constructs(self) -> dict:
+        """class name -> the `construct` defs of the classes of that name in this file."""
         constructs = {}
         for node in self.nodes:
             if isinstance(node, ast.ClassDef):
                 defs = [m for m in node.body if isinstance(m, ast.FunctionDef) and m.name == "construct"]
                 if defs:
                     constructs.setdefault(node.name, []).extend(defs)
+        return constructs
+
+    @functools.cached_property
+    def cell_attrs(self) -> dict:
+        """`self.<attr> = SomeCell(...)` -> {attr: the `construct` defs of SomeCell}, for classes of this file."""
+        constructs = self.class_constructs
         out = {}
         for n in self.nodes:
             if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and _last(n.value.func) in constructs:
@@ -387,16 +393,18 @@ class Module:
         for node in self.nodes:
             if isinstance(node, ast.Call) and _is_jit(self, node) and node.args and isinstance(node.args[0], ast.Name):
                 roots.extend(self.functions.get(node.args[0].id, []))
-        grad_targets = self._grad_targets()
+        grad_targets = self.grad_targets
         seen, queue = set(), list(roots)
         while queue:
             fn = queue.pop()
             if id(fn) in seen or any(_last(d) in HOST_AT_COMPILE for d in fn.decorator_list):
                 continue
             seen.add(id(fn))
+            # the evaluation run, which takes the evaluation side of `if self.training`, is PyNative
+            inference = set() if self.eval_graph_mode else _inference_nodes(fn)
             for call in ast.walk(fn):
-                if isinstance(call, ast.Call) and not self.eval_graph_mode and _inference_side(self, call, fn):
-                    continue  # the evaluation run, which takes this side, is PyNative
+                if id(call) in inference:
+                    continue
                 if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
                     name = grad_targets.get(call.func.id, call.func.id)
                     queue.extend(self.functions.get(name, []))
@@ -413,8 +421,7 @@ class Module:
     @functools.cached_property
     def instance_constructs(self) -> dict:
         """Module-level `name = SomeCell(...)` for classes of this file -> [SomeCell.construct]."""
-        constructs = {n.name: [m for m in n.body if isinstance(m, ast.FunctionDef) and m.name == "construct"]
-                      for n in self.tree.body if isinstance(n, ast.ClassDef)}
+        constructs = self.class_constructs
         out = {}
         for n in self.tree.body:
             if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) \
@@ -470,26 +477,6 @@ def _training_flag(test):
     if isinstance(test, (ast.Name, ast.Attribute)) and _last(test) in TRAINING_FLAGS:
         return True
     return None
-
-
-def _inference_side(mod, node, stop) -> bool:
-    """`node` sits on the side of an `if self.training:` (or `if return_loss:`) that only evaluation
-    takes; the training run decides the test at compile time and does not compile that side."""
-    child = node
-    for parent in _ancestors(mod, node):
-        if isinstance(parent, ast.If) and child is not parent.test:
-            flag = _training_flag(parent.test)
-            if flag is not None and (child in parent.body) != flag:
-                return True
-        for field in ("body", "orelse"):
-            block = getattr(parent, field, None)
-            if isinstance(block, list) and child in block and any(
-                    _returns_when_training(st) for st in block[:block.index(child)]):
-                return True
-        if parent is stop:
-            return False
-        child = parent
-    return False
 
 
 def _returns_when_training(statement) -> bool:

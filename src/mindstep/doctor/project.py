@@ -287,9 +287,8 @@ def _nearest_modes(starts, graph: set, edges) -> dict:
 
 def _project_modes(root: str, members: list, read) -> dict:
     info = {f: _read(f, read) for f in members}
-    known = {os.path.abspath(f) for f in members}
     absolute = {f: os.path.abspath(f) for f in members}
-    back = {a: f for f, a in absolute.items()}
+    known, back = set(absolute.values()), {a: f for f, a in absolute.items()}
     edges = {}
     for f, facts in info.items():
         if facts.imports:

@@ -77,7 +77,7 @@ _RULES = [
          "recompiles",
          "keep accumulators in Parameters with ops.assign_add and an int32 counter Parameter; or use "
          "mindstep.TrainStep(..., accumulate=k)",
-         "the tutorial's accumulation step (../shared/seed/tutorial.md, 6.2) run as written: the rebound list "
+         "the accumulation step of the Chinese field guide our users learn from (section 6.2), run as written: the rebound list "
          "is new on every call, and `step % accum_steps` with a Python step compiles once per step value"),
     Rule("MS008", "half-cast-label", "error",
          "casts integer labels/masks/ids to float16 or bfloat16; class indices and masks must stay integers "
