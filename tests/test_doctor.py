@@ -1032,3 +1032,14 @@ def test_notebook_findings_are_located_by_cell_and_line(tmp_path, capsys):
     assert main(["doctor", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"{nb}:2:6:5: warning MS013" in out and "checkpoint" not in out and out.count("MS013") == 1
+
+
+def test_import_distances_do_not_depend_on_the_order_edges_are_listed():
+    """A module reached at one level both as a parent package (not followed) and as an import
+    (followed) is expanded either way: the walk once depended on set order (PYTHONHASHSEED)."""
+    from mindstep.doctor.project import _distances
+
+    for first in (("m", False), ("m", True)):
+        second = ("m", not first[1])
+        edges = {"a": [first, second], "m": [("n", True)]}
+        assert _distances("a", edges) == {"a": 0, "m": 1, "n": 2}

@@ -257,17 +257,20 @@ def _resolve(file: str, root: str, imp, known: set) -> list:
 
 
 def _distances(start, edges) -> dict:
-    """file -> how many imports away from `start` it is; `edges[f]` holds (file, followed) pairs."""
-    dist, frontier = {start: 0}, [start]
+    """file -> how many imports away from `start` it is; `edges[f]` holds (file, followed) pairs. Level
+    by level: a file is expanded from the first level where a followed edge reaches it, whatever the
+    order the edges are listed in (a file first seen through a parent package's `__init__`, which is
+    not followed, is still expanded when a followed import reaches it at the same level)."""
+    dist, expanded, frontier, level = {start: 0}, {start}, [start], 0
     while frontier:
         nxt = []
         for f in frontier:
             for g, followed in edges.get(f, ()):
-                if g not in dist:
-                    dist[g] = dist[f] + 1
-                    if followed:
-                        nxt.append(g)
-        frontier = nxt
+                dist.setdefault(g, level + 1)
+                if followed and g not in expanded:
+                    expanded.add(g)
+                    nxt.append(g)
+        frontier, level = nxt, level + 1
     return dist
 
 
